@@ -1,0 +1,245 @@
+"""Reward-augmented decoding (the paper's Algorithm 1) over a batch of prompts."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from .errors import InvalidArgumentError, PromptTooLongError
+from .models import context_length
+from .steering import SteeringTerm, reweight, validate_k
+
+
+@dataclass
+class StepTrace:
+    """What one decoding step saw and chose, per row."""
+
+    topk_ids: torch.Tensor  # [B, k]
+    topk_logits: torch.Tensor  # [B, k]
+    rewards: dict[str, torch.Tensor]  # name -> [B, k]
+    scores: torch.Tensor  # [B, k]: z + Σ β ρ
+    betas: dict[str, float]
+    chosen: torch.Tensor  # [B]: index of the chosen token in the top-k (-1 for finished rows)
+
+    def to_dict(self) -> dict:
+        return {
+            "topk_ids": self.topk_ids.tolist(), "topk_logits": self.topk_logits.tolist(),
+            "rewards": {n: r.tolist() for n, r in self.rewards.items()}, "scores": self.scores.tolist(),
+            "betas": self.betas, "chosen": self.chosen.tolist(),
+        }
+
+
+@dataclass
+class GenerationOutput:
+    prompts: list[str]  # one per row (each prompt repeated num_return_sequences times)
+    texts: list[str]  # the continuations
+    sequences: torch.Tensor  # [rows, new tokens] generated ids (pad after the end)
+    num_new_tokens: list[int]
+    seconds: float
+    traces: list[list[StepTrace]] | None = None  # per batch chunk, per step
+
+    @property
+    def tokens_per_second(self) -> float:
+        return sum(self.num_new_tokens) / self.seconds if self.seconds else float("nan")
+
+    def to_records(self) -> list[dict]:
+        return [{"prompt": p, "text": t, "num_new_tokens": n}
+                for p, t, n in zip(self.prompts, self.texts, self.num_new_tokens)]
+
+
+def _validate_prompts(prompts: Sequence[str]) -> list[str]:
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    prompts = list(prompts)
+    if not prompts:
+        raise InvalidArgumentError("No prompts given: pass at least one non-empty prompt string.")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) or not p:
+            raise InvalidArgumentError(f"Prompt {i} is empty or not a string ({p!r}); every prompt needs some text.")
+    return prompts
+
+
+def eos_ids(model, tokenizer, eos_token_id=None) -> list[int]:
+    ids = eos_token_id if eos_token_id is not None else getattr(model.generation_config, "eos_token_id", None)
+    if ids is None:
+        ids = tokenizer.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    return [i for i in ids if i is not None]
+
+
+class RewardAugmentedGenerator:
+    """RAD over a loaded causal LM and any number of steering terms sharing one top-k candidate set."""
+
+    def __init__(self, model, tokenizer, terms: Sequence[SteeringTerm] = (), *, k: int = 20):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.terms = list(terms)
+        self.k = validate_k(k, model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") else model.config.vocab_size)
+
+    def format_prompts(self, prompts: list[str], chat_template: bool) -> list[str]:
+        if not chat_template:
+            return prompts
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidArgumentError("chat_template=True but this tokenizer has no chat template; pass plain prompts.")
+        return [self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                   add_generation_prompt=True) for p in prompts]
+
+    def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 20, do_sample: bool = True,
+                 temperature: float = 1.0, num_return_sequences: int = 1, seed: int | None = None,
+                 eos_token_id=None, stop_strings: Sequence[str] | None = None, chat_template: bool = False,
+                 return_traces: bool = False, batch_size: int | None = None, progress: bool = False) -> GenerationOutput:
+        prompts = _validate_prompts(prompts)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise InvalidArgumentError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
+        if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+            raise InvalidArgumentError(f"num_return_sequences must be a positive integer, got {num_return_sequences!r}.")
+        if do_sample and not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
+            raise InvalidArgumentError(f"temperature must be a finite number > 0, got {temperature!r}.")
+        formatted = self.format_prompts(prompts, chat_template)
+        self._check_lengths(formatted, max_new_tokens)
+        rows = [p for p in prompts for _ in range(num_return_sequences)]
+        row_inputs = [p for p in formatted for _ in range(num_return_sequences)]
+        batch_size = batch_size or len(rows)
+        eos = eos_ids(self.model, self.tokenizer, eos_token_id)
+        start = time.perf_counter()
+        texts, seqs, counts, traces = [], [], [], []
+        rng = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
+        with rng, torch.no_grad():
+            if seed is not None:
+                torch.manual_seed(seed)
+            chunks = range(0, len(rows), batch_size)
+            for lo in _progress(chunks, progress, "Generating"):
+                out = self._generate_batch(row_inputs[lo:lo + batch_size], rows[lo:lo + batch_size], max_new_tokens, do_sample, temperature,
+                                           eos, list(stop_strings or []), return_traces)
+                texts += out[0]
+                seqs.append(out[1])
+                counts += out[2]
+                traces.append(out[3])
+        width = max(s.shape[1] for s in seqs)
+        pad = self.tokenizer.pad_token_id
+        sequences = torch.cat([torch.nn.functional.pad(s, (0, width - s.shape[1]), value=pad) for s in seqs])
+        return GenerationOutput(rows, texts, sequences, counts, time.perf_counter() - start,
+                                traces if return_traces else None)
+
+    def _check_lengths(self, prompts: list[str], max_new_tokens: int) -> None:
+        limit = context_length(self.model)
+        if limit is None:
+            return
+        for i, p in enumerate(prompts):
+            n = len(self.tokenizer(p, add_special_tokens=False)["input_ids"])
+            if n + max_new_tokens > limit:
+                raise PromptTooLongError(
+                    f"Prompt {i} has {n} tokens; with max_new_tokens={max_new_tokens} that exceeds the model's "
+                    f"context of {limit} tokens. Shorten the prompt or lower max_new_tokens."
+                )
+
+    def _generate_batch(self, prompts, raw_prompts, max_new_tokens, do_sample, temperature, eos, stop_strings, return_traces):
+        tok = self.tokenizer
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        device = next(self.model.parameters()).device
+        input_ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        B = input_ids.shape[0]
+        sessions = [t.reward.start(raw_prompts, tok) for t in self.terms]
+        cache = DynamicCache(config=self.model.config)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        eos_t = torch.tensor(eos or [-1], device=device)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+        generated, trace = [], []
+        for step in range(max_new_tokens):
+            logits = out.logits[:, -1, :].float()
+            res = reweight(logits, self.k, self.terms, sessions, step)
+            if do_sample:
+                probs = torch.softmax(res.scores / temperature, dim=-1)
+                token = torch.multinomial(probs, num_samples=1).squeeze(1)
+            else:
+                token = res.scores.argmax(-1)
+            token = torch.where(finished, torch.full_like(token, pad), token)
+            if return_traces:
+                chosen = (res.topk_ids == token[:, None]).long().argmax(-1).masked_fill(finished, -1)
+                trace.append(StepTrace(res.topk_ids.cpu(), res.topk_logits.cpu(),
+                                       {n: r.cpu() for n, r in res.rewards.items()}, res.combined.cpu(),
+                                       {t.name: t.weight(step) for t in self.terms}, chosen.cpu()))
+            generated.append(token)
+            finished = finished | torch.isin(token, eos_t)
+            if stop_strings:
+                finished = finished | self._hit_stop(torch.stack(generated, 1), stop_strings)
+            if finished.all() or step == max_new_tokens - 1:
+                break
+            for s in sessions:
+                s.commit(token)
+            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
+                             past_key_values=cache, use_cache=True)
+        seq = torch.stack(generated, 1).cpu()
+        texts, counts = self._decode(seq, eos, stop_strings)
+        return texts, seq, counts, trace
+
+    def _hit_stop(self, seq: torch.Tensor, stop_strings: list[str]) -> torch.Tensor:
+        texts = self.tokenizer.batch_decode(seq, skip_special_tokens=True)
+        return torch.tensor([any(s in t for s in stop_strings) for t in texts], device=seq.device)
+
+    def _decode(self, seq: torch.Tensor, eos: list[int], stop_strings: list[str]):
+        texts, counts = [], []
+        for row in seq.tolist():
+            n = next((i for i, t in enumerate(row) if t in eos), len(row))
+            text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
+            for s in stop_strings:
+                if s in text:
+                    text = text[: text.index(s) + len(s)]
+            texts.append(text)
+            counts.append(min(n + 1, len(row)))
+        return texts, counts
+
+
+def _progress(iterable, enabled: bool, description: str):
+    if not enabled or len(iterable) <= 1:
+        return iterable
+    from rich.progress import track
+
+    return track(iterable, description=description, transient=True)
+
+
+def build_terms(rewards: Mapping | Sequence | None, *, backend: str = "torch") -> list[SteeringTerm]:
+    """Normalise ``{"toxicity": -10, "path/to/rm": 5}`` / ``[SteeringTerm, ...]`` / ``[(reward, beta)]``."""
+    from .rewards.loading import load_reward
+
+    if not rewards:
+        return []
+    items = rewards.items() if isinstance(rewards, Mapping) else rewards
+    terms = []
+    for item in items:
+        if isinstance(item, SteeringTerm):
+            terms.append(item)
+            continue
+        ref, beta = item
+        reward = load_reward(ref, backend=backend) if isinstance(ref, str) else ref
+        terms.append(SteeringTerm(reward, beta, name=ref if isinstance(ref, str) else ""))
+    return terms
+
+
+def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", rewards=None, k: int = 20,
+             backend: str = "torch", **kwargs) -> GenerationOutput:
+    """Steered generation in one call.
+
+    ``lm`` is a model reference (packaged name, directory, .gguf file, hub id) or a ``(model, tokenizer)``
+    pair; ``rewards`` maps reward references (registered names or reward-model directories) or
+    :class:`~steerkit.rewards.base.Reward` objects to β. Other keyword arguments follow
+    ``transformers``' ``generate``: ``max_new_tokens``, ``do_sample``, ``temperature``,
+    ``num_return_sequences``, ``eos_token_id``, ``stop_strings``, plus ``seed``, ``chat_template``,
+    ``return_traces``, ``batch_size`` and ``progress``.
+    """
+    from .models import load_causal_lm_cached
+
+    model, tokenizer = lm if isinstance(lm, tuple) else load_causal_lm_cached(str(lm))[:2]
+    terms = build_terms(rewards, backend=backend)
+    return RewardAugmentedGenerator(model, tokenizer, terms, k=k).generate(prompts, **kwargs)

