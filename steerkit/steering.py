@@ -87,3 +87,15 @@ def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: 
             combined = combined + beta * rho
     scores = torch.full_like(logits, float("-inf"), dtype=torch.float32).scatter_(1, topk_ids, combined)
     return StepResult(scores, topk_ids, topk_logits, rewards, combined)
+
+
+def make_transform(kind: str, clamp: tuple[float, float] = (0.0, 1.0)) -> Transform | None:
+    """Per-reward shaping: ``invert`` (1 − ρ), ``clamp`` (to [low, high]), or ``none``."""
+    if kind == "none":
+        return None
+    if kind == "invert":
+        return lambda rho: 1.0 - rho
+    if kind == "clamp":
+        lo, hi = clamp
+        return lambda rho: rho.clamp(lo, hi)
+    raise InvalidArgumentError(f"Unknown reward transform {kind!r}; use none, invert or clamp.")
