@@ -14,6 +14,16 @@ def load_reward(reference: str, *, backend: str = "torch", context: str = "conti
     path = Path(reference).expanduser()
     if path.is_dir() or (path.exists() and path.name == CONFIG_NAME) or "/" in reference or reference.startswith("."):
         directory = path.parent if path.name == CONFIG_NAME else path
+        if backend == "onnx":  # an ONNX export dir, or a reward dir exported into the cache on first use
+            from .onnx_backend import OnnxRewardModel
+
+            model = OnnxRewardModel.load(directory)
+            return RewardModelScorer(model, name=model.config.name, backend=backend, context=context)
+        if (directory / "steerkit_onnx.json").is_file():
+            from ..errors import ExportError
+
+            raise ExportError(f"{directory} is an ONNX export: use backend 'onnx' (--backend onnx), or pass "
+                              "the reward-model directory it was exported from for backend 'torch'.")
         model = RewardModel.from_pretrained(directory)
         return RewardModelScorer(model, name=model.config.name, backend=backend, context=context)
     try:

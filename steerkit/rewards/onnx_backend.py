@@ -1,0 +1,302 @@
+"""onnxruntime backend: the same shared-prefix cached scoring as :mod:`.torch_cache`, on an ONNX export.
+
+* :class:`OnnxRewardModel` stands in for :class:`~steerkit.rewards.model.RewardModel` wherever the scorer
+  and the sessions need one (``config``, ``tokenizer``, ``encode``, ``score_texts``) but runs the verified
+  export (see :mod:`.onnx_export`) in onnxruntime. Loading it needs neither torch weights nor the backbone.
+* :class:`OnnxScoringCache` implements :class:`~steerkit.rewards.base.ScoringCache` with the same hole and
+  rollback semantics as :class:`~steerkit.rewards.torch_cache.TorchScoringCache`. The k candidate blocks
+  are one forward over the shared prefix; their KV comes back as ``present_*`` outputs and stays pending
+  until :meth:`~OnnxScoringCache.commit_choice` keeps the chosen block's KV.
+
+KV storage: the cache keeps torch tensors. On CPU they are zero-copy views of the numpy arrays that
+onnxruntime returns (``torch.from_numpy``) and are handed back as numpy views, so the step logic is written
+once for CPU and CUDA. With onnxruntime-gpu, the CUDA execution provider and a CUDA build of torch, the KV
+lives on the GPU between steps and every run goes through IO binding (inputs and outputs bound to device
+buffers, no host round trip). That path is written but **untested on a GPU** (no GPU where it was written);
+with the CUDA provider but a CPU-only torch, runs fall back to host arrays (correct, slower).
+
+Which export is used: ``OnnxRewardModel.load(ref)`` accepts an export directory (verified against its
+manifest), or a reward-model directory, whose export is made on first use into the steerkit cache
+(``$STEERKIT_CACHE/onnx/<key>``, keyed by the reward hash, written atomically) and verified on every load.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+import weakref
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ExportError
+from .attention import additive, append_mask_4d, block_mask_4d
+from .model import CONFIG_NAME, RewardModel
+from .onnx_export import (
+    INSTALL_HINT, MODEL_FILE, ensure_cached_export, is_export_dir, model_content_hash, reward_dir_hash,
+    verify_export,
+)
+
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+def _onnxruntime():
+    try:
+        import onnxruntime
+    except ImportError:
+        raise ExportError(f"backend 'onnx' needs onnxruntime: {INSTALL_HINT}") from None
+    return onnxruntime
+
+
+def default_providers() -> list[str]:
+    """``$STEERKIT_ONNX_PROVIDERS`` (comma separated), else CUDA when onnxruntime-gpu offers it, else CPU."""
+    ort = _onnxruntime()
+    env = os.environ.get("STEERKIT_ONNX_PROVIDERS")
+    if env:
+        return [p.strip() for p in env.split(",") if p.strip()]
+    available = ort.get_available_providers()
+    return [CUDA, CPU] if CUDA in available else [CPU]
+
+
+class OnnxRuntime:
+    """One onnxruntime session over an export, and the device-specific way of running it.
+
+    ``run`` takes and returns torch tensors on :attr:`device`: rewards [B, n] and the present KV
+    (2·L tensors [B, H, past + n, d], key then value per layer).
+    """
+
+    def __init__(self, directory: Path, manifest: dict, providers: list[str] | None = None,
+                 threads: int | None = None):
+        ort = _onnxruntime()
+        self.num_layers = int(manifest["num_layers"])
+        self.kv_heads = int(manifest["num_kv_heads"])
+        self.head_dim = int(manifest["head_dim"])
+        self.input_names = list(manifest["inputs"])
+        self.output_names = list(manifest["outputs"])
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        threads = threads or int(os.environ.get("STEERKIT_ONNX_THREADS", "0")) or torch.get_num_threads()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        # Do not keep spinning after a run: the LM's torch forward runs right after on the same cores.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        providers = providers or default_providers()
+        try:
+            self.session = ort.InferenceSession(str(Path(directory) / MODEL_FILE), sess_options=options,
+                                                providers=providers)
+        except Exception as exc:  # onnxruntime raises its own exception types
+            raise ExportError(f"onnxruntime could not load {Path(directory) / MODEL_FILE}: {exc}") from None
+        self.providers = self.session.get_providers()
+        self.device = torch.device("cpu")
+        self.io_binding = False
+        if self.providers and self.providers[0] == CUDA:
+            if torch.cuda.is_available():
+                options = dict(self.session.get_provider_options().get(CUDA, {}))
+                self.device = torch.device("cuda", int(options.get("device_id", 0)))
+                self.io_binding = True
+            else:
+                warnings.warn("onnxruntime runs on CUDA but torch has no CUDA, so the reward KV cache is "
+                              "copied between host and device at every step. Install a CUDA build of torch "
+                              "to keep it on the GPU.", RuntimeWarning, stacklevel=2)
+        self._lock = threading.Lock()
+
+    def empty_past(self, batch: int) -> list[torch.Tensor]:
+        shape = (batch, self.kv_heads, 0, self.head_dim)
+        return [torch.zeros(shape, dtype=torch.float32, device=self.device) for _ in range(2 * self.num_layers)]
+
+    def run(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor,
+            past: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        inputs = [input_ids.long(), position_ids.long(), mask.float(), *past]
+        if self.io_binding:
+            return self._run_bound(inputs)
+        feeds = {name: t.detach().cpu().contiguous().numpy() for name, t in zip(self.input_names, inputs)}
+        with self._lock:
+            outputs = self.session.run(self.output_names, feeds)
+        tensors = [torch.from_numpy(o) for o in outputs]
+        return tensors[0], tensors[1:]
+
+    def _run_bound(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """CUDA with IO binding: inputs and outputs are torch CUDA buffers bound by pointer (untested on GPU)."""
+        device = self.device
+        inputs = [t.to(device).contiguous() for t in inputs]
+        B, n = inputs[0].shape
+        total = inputs[3].shape[2] + n
+        outputs = [torch.empty((B, n), dtype=torch.float32, device=device)] + [
+            torch.empty((B, self.kv_heads, total, self.head_dim), dtype=torch.float32, device=device)
+            for _ in range(2 * self.num_layers)]
+        binding = self.session.io_binding()
+        for name, t in zip(self.input_names, inputs):
+            binding.bind_input(name, "cuda", device.index or 0, _numpy_dtype(t), tuple(t.shape), t.data_ptr())
+        for name, t in zip(self.output_names, outputs):
+            binding.bind_output(name, "cuda", device.index or 0, np.float32, tuple(t.shape), t.data_ptr())
+        torch.cuda.synchronize(device)  # inputs written by torch's stream are complete before ORT reads them
+        with self._lock:
+            self.session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        return outputs[0], outputs[1:]
+
+
+def _numpy_dtype(t: torch.Tensor):
+    return {torch.float32: np.float32, torch.int64: np.int64}[t.dtype]
+
+
+class OnnxRewardModel:
+    """A verified ONNX export of a reward model, usable wherever the scorer expects a ``RewardModel``."""
+
+    backend = "onnx"
+
+    def __init__(self, directory: str | os.PathLike, *, expected_hash: str | None = None, tokenizer=None,
+                 providers: list[str] | None = None, threads: int | None = None):
+        self.directory = Path(directory).expanduser()
+        self.manifest, self.config, self.tokenizer = verify_export(self.directory, expected_hash=expected_hash,
+                                                                   tokenizer=tokenizer)
+        self.reward_hash = self.manifest["source"]["reward_hash"]
+        self.runtime = OnnxRuntime(self.directory, self.manifest, providers, threads)
+
+    @classmethod
+    def load(cls, reference: str | os.PathLike, **kwargs) -> "OnnxRewardModel":
+        """An export directory, or a reward-model directory (exported into the cache on first use)."""
+        path = Path(reference).expanduser()
+        if path.name == CONFIG_NAME:
+            path = path.parent
+        if is_export_dir(path):
+            return cls(path, **kwargs)
+        if (path / CONFIG_NAME).is_file():
+            reward_hash = reward_dir_hash(path)
+            return cls(ensure_cached_export(path, reward_hash=reward_hash), expected_hash=reward_hash, **kwargs)
+        raise ExportError(f"{path} is neither an ONNX export (no steerkit_onnx.json) nor a reward-model directory "
+                          f"(no {CONFIG_NAME}).")
+
+    @classmethod
+    def from_torch(cls, model: RewardModel, **kwargs) -> "OnnxRewardModel":
+        """The cached export of an in-memory reward model (keyed by its content hash)."""
+        if model.tokenizer is None:
+            raise ExportError("The reward model has no tokenizer; it cannot be exported.")
+        reward_hash = model_content_hash(model)
+        return cls(ensure_cached_export(model, reward_hash=reward_hash), expected_hash=reward_hash,
+                   tokenizer=model.tokenizer, **kwargs)
+
+    def __repr__(self) -> str:
+        return (f"OnnxRewardModel({self.config.name!r}, {self.directory}, layers={self.config.num_layers}, "
+                f"providers={self.runtime.providers})")
+
+    def encode(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
+        """Start token + text, left padded: exactly :meth:`RewardModel.encode`."""
+        return RewardModel.encode(self, texts, max_length)
+
+    @torch.no_grad()
+    def score_texts(self, texts: list[str], batch_size: int = 32, per_prefix: bool = False):
+        """Reward of each text (from scratch: one prefill per batch, zero-length past)."""
+        finals, prefixes = [], []
+        for i in range(0, len(texts), batch_size):
+            enc = self.encode(texts[i:i + batch_size])
+            mask = enc["attention_mask"].bool()
+            B = mask.shape[0]
+            positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+            allowed = append_mask_4d(torch.zeros((B, 0), dtype=torch.bool), mask)
+            rewards, _ = self.runtime.run(enc["input_ids"], positions, additive(allowed),
+                                          self.runtime.empty_past(B))
+            rewards = rewards.cpu()
+            finals.extend(rewards[:, -1].tolist())
+            if per_prefix:
+                prefixes.extend(r[m][1:].tolist() for r, m in zip(rewards, mask))
+        return (finals, prefixes) if per_prefix else finals
+
+
+_FROM_TORCH: "weakref.WeakKeyDictionary[RewardModel, OnnxRewardModel]" = weakref.WeakKeyDictionary()
+
+
+class OnnxScoringCache:
+    """Incremental KV state over B rows in onnxruntime (see :class:`~steerkit.rewards.base.ScoringCache`)."""
+
+    def __init__(self, model: OnnxRewardModel, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        self.model = model
+        self.runtime = model.runtime
+        self.device = self.runtime.device
+        B = input_ids.shape[0]
+        self.past = self.runtime.empty_past(B)
+        self.mask = torch.zeros((B, 0), dtype=torch.bool, device=self.device)
+        self.next_pos = torch.zeros(B, dtype=torch.long, device=self.device)
+        # (k, m, block_mask, present KV) of the last score_blocks call
+        self._pending: tuple[int, int, torch.Tensor, list[torch.Tensor]] | None = None
+        self.append(input_ids, attention_mask)
+
+    @classmethod
+    def for_model(cls, model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> "OnnxScoringCache":
+        """A cache over an :class:`OnnxRewardModel`, or over the (cached, memoised) export of a torch model.
+
+        A torch model is exported the first time it is used with this backend; changing its weights
+        afterwards is not seen by the memoised export (build a new model object, or use backend "torch").
+        """
+        if isinstance(model, RewardModel):
+            onnx_model = _FROM_TORCH.get(model)
+            if onnx_model is None:
+                onnx_model = _FROM_TORCH[model] = OnnxRewardModel.from_torch(model)
+            model = onnx_model
+        if not isinstance(model, OnnxRewardModel):
+            raise ExportError(f"backend 'onnx' needs a RewardModel or an OnnxRewardModel, got {type(model).__name__}.")
+        return cls(model, input_ids, attention_mask)
+
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor):
+        return self.runtime.run(ids, position_ids, additive(allowed.cpu()).to(self.device), self.past)
+
+    def score_blocks(self, blocks: torch.Tensor, block_mask: torch.Tensor | None = None) -> torch.Tensor:
+        self._pending = None
+        blocks = blocks.to(self.device)
+        B, k, m = blocks.shape
+        block_mask = (torch.ones_like(blocks, dtype=torch.bool) if block_mask is None
+                      else block_mask.to(self.device).bool())
+        offsets = (block_mask.long().cumsum(-1) - 1).clamp(min=0)
+        position_ids = (self.next_pos[:, None, None] + offsets).reshape(B, k * m)
+        allowed = block_mask_4d(self.mask.cpu(), block_mask.cpu())
+        rewards, presents = self._forward(blocks.reshape(B, k * m), position_ids, allowed)
+        self._pending = (k, m, block_mask, presents)
+        last = (block_mask.long().sum(-1) - 1).clamp(min=0)  # [B, k]
+        return rewards.reshape(B, k, m).gather(-1, last[..., None]).squeeze(-1)
+
+    def commit_choice(self, choice: torch.Tensor) -> None:
+        if self._pending is None:
+            raise RuntimeError("commit_choice() needs a preceding score_blocks() call")
+        k, m, block_mask, presents = self._pending
+        T = self.length
+        choice = choice.to(self.device).long()
+        index = T + choice[:, None] * m + torch.arange(m, device=self.device)[None, :]  # [B, m]
+        kept = []
+        for t in presents:  # [B, H, T + k*m, d]
+            picked = t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
+            kept.append(torch.cat([t[:, :, :T], picked], dim=2))
+        self.past = kept
+        chosen = block_mask.gather(1, choice[:, None, None].expand(-1, 1, m)).squeeze(1)  # [B, m]
+        self.mask = torch.cat([self.mask, chosen], dim=1)
+        self.next_pos = self.next_pos + chosen.long().sum(-1)
+        self._pending = None
+
+    def append(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        self._pending = None
+        tokens = tokens.to(self.device)
+        mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.to(self.device).bool()
+        if tokens.shape[1] == 0:
+            return
+        position_ids = self.next_pos[:, None] + (mask.long().cumsum(-1) - 1).clamp(min=0)
+        _, self.past = self._forward(tokens, position_ids, append_mask_4d(self.mask.cpu(), mask.cpu()))
+        self.mask = torch.cat([self.mask, mask], dim=1)
+        self.next_pos = self.next_pos + mask.long().sum(-1)
+
+    def rollback(self, counts: torch.Tensor) -> None:
+        self._pending = None
+        counts = counts.to(self.device).long()
+        real_after = self.mask.long().flip(-1).cumsum(-1).flip(-1)  # real tokens at or after each position
+        self.mask = self.mask & ~(real_after <= counts[:, None])
+        self.next_pos = self.next_pos - torch.minimum(counts, self.next_pos)
+        # physically drop trailing columns that are holes in every row
+        keep = int(self.mask.any(0).nonzero().max().item()) + 1 if self.mask.any() else 0
+        if keep < self.length:
+            self.past = [t[:, :, :keep] for t in self.past]
+            self.mask = self.mask[:, :keep]

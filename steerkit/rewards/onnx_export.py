@@ -1,0 +1,450 @@
+"""Export a :class:`RewardModel` to ONNX, and verify an export belongs to what it claims.
+
+An export directory holds::
+
+    model.onnx              backbone + head, past KV in, present KV out (one graph for prefill and steps)
+    model.onnx.data         the weights, only when the model is over ~2 GB (ONNX's protobuf limit)
+    tokenizer/              the reward model's tokenizer (so loading needs neither torch weights nor the backbone)
+    steerkit_onnx.json      the manifest: source reward-model hash, reward config, tokenizer reference and
+                            vocabulary fingerprint, opset, input/output names, layers, KV heads, head dim,
+                            and the SHA-256 of every graph/weight file
+
+Graph signature (``L`` layers, ``H`` KV heads, ``d`` head dim; dynamic axes in quotes)::
+
+    input_ids        int64   ["batch", "new"]
+    position_ids     int64   ["batch", "new"]
+    attention_mask   float32 ["batch", 1, "new", "total"]   additive: 0 allowed, float32 min blocked
+    past_key_i       float32 ["batch", H, "past", d]        i = 0..L-1 (and past_value_i); "past" may be 0
+    ->
+    rewards          float32 ["batch", "new"]                sigmoid(head(h)) at every new position
+    present_key_i    float32 ["batch", H, "total", d]        past ++ new (and present_value_i)
+
+``total = past + new``. Prefill is the same graph with a zero-length past.
+
+The *reward hash* identifies the source: for a reward-model directory, the SHA-256 over the sorted
+``(file name, file SHA-256)`` pairs of its ``reward_config.json`` and ``*.safetensors`` files (the config
+carries the backbone's fingerprint, so a changed backbone changes the hash too; ``metrics.json`` is
+informational and excluded). For a model that only exists in memory, the SHA-256 of its config and
+every tensor of its state dict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..errors import ExportError
+from ..models import atomic_write_text, cache_dir, sha256_file
+from .model import CONFIG_NAME, RewardModel, RewardModelConfig
+
+MANIFEST_NAME = "steerkit_onnx.json"
+MODEL_FILE = "model.onnx"
+DATA_FILE = "model.onnx.data"
+TOKENIZER_DIR = "tokenizer"
+EXPORT_FORMAT = "steerkit-onnx"
+EXPORT_FORMAT_VERSION = 1
+DEFAULT_OPSET = 17
+#: graphs whose weights exceed this are saved with external data (protobuf cannot serialise >= 2 GiB)
+EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2
+#: an export must reproduce the torch model on its probe inputs to this tolerance
+EXPORT_TOLERANCE = 1e-4
+
+INSTALL_HINT = "pip install 'steerkit[onnx]'  (or 'steerkit[onnx-gpu]' for CUDA)"
+
+
+def input_names(num_layers: int) -> list[str]:
+    return ["input_ids", "position_ids", "attention_mask"] + [
+        f"past_{kv}_{i}" for i in range(num_layers) for kv in ("key", "value")]
+
+
+def output_names(num_layers: int) -> list[str]:
+    return ["rewards"] + [f"present_{kv}_{i}" for i in range(num_layers) for kv in ("key", "value")]
+
+
+# -- hashes ------------------------------------------------------------------------------------------
+def reward_dir_hash(directory: str | os.PathLike) -> str:
+    """The reward hash of a reward-model directory (see the module docstring)."""
+    directory = Path(directory)
+    files = sorted(p for p in directory.iterdir()
+                   if p.is_file() and (p.name == CONFIG_NAME or p.suffix == ".safetensors"))
+    if not any(p.name == CONFIG_NAME for p in files):
+        raise ExportError(f"{directory} has no {CONFIG_NAME}; pass a steerkit reward-model directory.")
+    digest = hashlib.sha256(b"steerkit-reward-dir-v1\n")
+    for p in files:
+        digest.update(f"{p.name}\0{sha256_file(p)}\n".encode())
+    return digest.hexdigest()
+
+
+def model_content_hash(model: RewardModel) -> str:
+    """The reward hash of an in-memory reward model: its config and every tensor, byte for byte."""
+    digest = hashlib.sha256(b"steerkit-reward-state-v1\n")
+    digest.update(model.config.model_dump_json().encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"\n{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """SHA-256 of the token → id map (what decides whether LM candidate ids can be shared)."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def kv_shape(model: RewardModel) -> tuple[int, int]:
+    """(KV heads, head dim) of the backbone's attention layers."""
+    cfg = model.backbone.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return int(heads), int(head_dim)
+
+
+# -- export ------------------------------------------------------------------------------------------
+class _ExportWrapper(torch.nn.Module):
+    """Flat-tensor signature around RewardModel.forward with a transformers DynamicCache."""
+
+    def __init__(self, model: RewardModel):
+        super().__init__()
+        self.model = model
+        self.num_layers = model.config.num_layers
+
+    def forward(self, input_ids, position_ids, attention_mask, *past):
+        from transformers import DynamicCache
+
+        # Plain (full-attention) layers for every model: a sliding-window layer would crop inside the graph.
+        cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)])
+        out = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True)
+        presents = []
+        for layer in cache.layers:
+            presents += [layer.keys, layer.values]
+        return (out.rewards, *presents)
+
+
+def _probe_inputs(model: RewardModel, batch: int, new: int, past: int, seed: int = 0):
+    """Random but valid inputs: a prefix with a hole, then causal new tokens."""
+    from .attention import additive, append_mask_4d
+
+    g = torch.Generator().manual_seed(seed)
+    heads, head_dim = kv_shape(model)
+    L = model.config.num_layers
+    ids = torch.randint(0, model.config.vocab_size, (batch, new), generator=g)
+    prefix = torch.ones(batch, past, dtype=torch.bool)
+    if past > 1:
+        prefix[0, 0] = False  # a hole / left padding in row 0
+    positions = prefix.long().sum(-1, keepdim=True) + torch.arange(new)[None]
+    mask = additive(append_mask_4d(prefix, torch.ones(batch, new, dtype=torch.bool)))
+    kv = [torch.randn(batch, heads, past, head_dim, generator=g) * 0.5 for _ in range(2 * L)]
+    return (ids, positions, mask, *kv)
+
+
+def _require(module: str):
+    try:
+        return __import__(module)
+    except ImportError:
+        raise ExportError(f"ONNX export needs the {module!r} package: {INSTALL_HINT}") from None
+
+
+def _make_tmp_dir(out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+
+
+def export_onnx(model: RewardModel, out_dir: str | os.PathLike, *, source_hash: str | None = None,
+                source: dict | None = None, opset: int = DEFAULT_OPSET,
+                external_data_threshold: int = EXTERNAL_DATA_THRESHOLD, overwrite: bool = False,
+                check: bool = True) -> Path:
+    """Export ``model`` to ``out_dir`` (written to a temporary sibling, then renamed into place).
+
+    ``source_hash`` identifies the source (default: :func:`model_content_hash`); ``source`` is free-form
+    provenance stored in the manifest. With ``check`` the export is run once in onnxruntime and compared
+    with torch (max abs diff ≤ 1e-4) before it is published. Returns the export directory.
+    """
+    onnx = _require("onnx")
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} exists and is not a directory.")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} exists and is not empty; pass --force (overwrite=True) or choose another --out.")
+    if model.tokenizer is None:
+        raise ExportError("The reward model has no tokenizer; load it with RewardModel.from_pretrained.")
+    started = time.perf_counter()
+    source_hash = source_hash or model_content_hash(model)
+    L = model.config.num_layers
+    heads, head_dim = kv_shape(model)
+    names_in, names_out = input_names(L), output_names(L)
+    dynamic = {"input_ids": {0: "batch", 1: "new"}, "position_ids": {0: "batch", 1: "new"},
+               "attention_mask": {0: "batch", 2: "new", 3: "total"}, "rewards": {0: "batch", 1: "new"}}
+    dynamic.update({n: {0: "batch", 2: "past"} for n in names_in[3:]})
+    dynamic.update({n: {0: "batch", 2: "total"} for n in names_out[1:]})
+    wrapper = _ExportWrapper(model).eval()
+    tmp = _make_tmp_dir(out)
+    try:
+        raw = tmp / "raw"
+        raw.mkdir()
+        # Trace with new=3 > 1 so that no single-query fast path of the attention code is baked in.
+        args = _probe_inputs(model, batch=2, new=3, past=4)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                torch.onnx.export(wrapper, args, str(raw / MODEL_FILE), input_names=names_in,
+                                  output_names=names_out, dynamic_axes=dynamic, opset_version=opset,
+                                  do_constant_folding=True, dynamo=False)
+            except Exception as exc:  # the exporter raises many types; wrap them with context
+                raise ExportError(f"torch.onnx.export failed for {model.config.name!r} (opset {opset}): "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        proto = onnx.load(str(raw / MODEL_FILE), load_external_data=True)
+        weight_bytes = sum(len(t.raw_data) for t in proto.graph.initializer)
+        external = weight_bytes > external_data_threshold
+        if external:
+            onnx.save_model(proto, str(tmp / MODEL_FILE), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
+        else:
+            onnx.save_model(proto, str(tmp / MODEL_FILE))
+        del proto
+        shutil.rmtree(raw)
+        onnx.checker.check_model(str(tmp / MODEL_FILE))
+        model.tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
+        files = [MODEL_FILE] + ([DATA_FILE] if external else [])
+        manifest = {
+            "format": EXPORT_FORMAT,
+            "format_version": EXPORT_FORMAT_VERSION,
+            "source": {"reward_hash": source_hash, **(source or {})},
+            "reward_config": json.loads(model.config.model_dump_json()),
+            "tokenizer": {"reference": model.config.tokenizer or model.config.backbone,
+                          "fingerprint": tokenizer_fingerprint(model.tokenizer),
+                          "vocab_size": len(model.tokenizer), "directory": TOKENIZER_DIR},
+            "opset": opset,
+            "dtype": "float32",
+            "inputs": names_in,
+            "outputs": names_out,
+            "num_layers": L,
+            "num_kv_heads": heads,
+            "head_dim": head_dim,
+            "external_data": external,
+            "files": {f: {"sha256": _sha256(tmp / f), "bytes": (tmp / f).stat().st_size} for f in files},
+            "exported_with": {"torch": torch.__version__, "onnx": onnx.__version__,
+                              "steerkit": _steerkit_version(), "seconds": None},
+        }
+        if check:
+            _check_against_torch(tmp, wrapper, names_in, model)
+        manifest["exported_with"]["seconds"] = round(time.perf_counter() - started, 2)
+        atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2))
+        _publish(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _steerkit_version() -> str:
+    try:
+        from .. import __version__
+    except ImportError:
+        return "unknown"
+    return __version__
+
+
+def _check_against_torch(directory: Path, wrapper: _ExportWrapper, names_in: list[str], model: RewardModel) -> None:
+    ort = _require("onnxruntime")
+    session = ort.InferenceSession(str(directory / MODEL_FILE), providers=["CPUExecutionProvider"])
+    for batch, new, past in ((3, 5, 0), (2, 1, 6)):  # a prefill and a single-token step, unlike the trace
+        args = _probe_inputs(model, batch, new, past, seed=batch + new + past)
+        with torch.no_grad():
+            expected = wrapper(*args)
+        got = session.run(None, {n: a.numpy() for n, a in zip(names_in, args)})
+        diff = max(float((torch.from_numpy(g) - e).abs().max()) for g, e in zip(got, expected))
+        if not diff <= EXPORT_TOLERANCE:
+            raise ExportError(f"The ONNX graph of {model.config.name!r} differs from torch by {diff:.2e} "
+                              f"(> {EXPORT_TOLERANCE}) on a probe (batch {batch}, new {new}, past {past}); "
+                              "the export is not published. Try another --opset or report the backbone.")
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Rename ``tmp`` to ``out``; an existing ``out`` (allowed by the caller) is replaced."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old{os.getpid()}")
+        os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if old is not None:
+            os.rename(old, out)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# -- sources and the cache ---------------------------------------------------------------------------
+def is_export_dir(path: str | os.PathLike) -> bool:
+    return (Path(path).expanduser() / MANIFEST_NAME).is_file()
+
+
+def export_source(reference: str) -> tuple[RewardModel, str, dict]:
+    """(model, reward hash, provenance) for a reward-model directory or a registered reward name."""
+    path = Path(reference).expanduser()
+    if path.name == CONFIG_NAME:
+        path = path.parent
+    if is_export_dir(path):
+        raise ExportError(f"{path} is already an ONNX export; pass the source reward-model directory.")
+    if path.is_dir():
+        model = RewardModel.from_pretrained(path)
+        return model, reward_dir_hash(path), {"kind": "directory", "directory": str(path.resolve())}
+    try:
+        from .loading import load_reward
+    except ImportError:  # pragma: no cover
+        raise ExportError(f"Unknown reward {reference!r}: pass a reward-model directory.") from None
+    scorer = load_reward(reference, backend="torch")
+    model = getattr(scorer, "model", None)
+    if not isinstance(model, RewardModel):
+        raise ExportError(f"Reward {reference!r} is not backed by a steerkit RewardModel, so it cannot be "
+                          "exported to ONNX.")
+    directory = getattr(model, "source_directory", None)
+    if directory is not None and (Path(directory) / CONFIG_NAME).is_file():
+        return model, reward_dir_hash(directory), {"kind": "registered", "name": reference,
+                                                   "directory": str(Path(directory).resolve())}
+    return model, model_content_hash(model), {"kind": "registered", "name": reference}
+
+
+def cache_entry(reward_hash: str, opset: int = DEFAULT_OPSET) -> Path:
+    """Where the automatic export of a reward (by hash) lives in the steerkit cache."""
+    key = hashlib.sha256(f"{reward_hash}|{EXPORT_FORMAT_VERSION}|{opset}".encode()).hexdigest()
+    return cache_dir() / "onnx" / key[:32]
+
+
+def ensure_cached_export(model_or_dir, *, reward_hash: str | None = None, opset: int = DEFAULT_OPSET) -> Path:
+    """The cached export of a reward-model directory or an in-memory model; exported on first use.
+
+    Concurrent first uses each export to a private temporary directory; the first rename wins and the
+    others discard their copy, so no reader ever sees a half-written export.
+    """
+    if isinstance(model_or_dir, RewardModel):
+        model = model_or_dir
+        reward_hash = reward_hash or model_content_hash(model)
+        source = {"kind": "in-memory", "name": model.config.name}
+    else:
+        directory = Path(model_or_dir)
+        reward_hash = reward_hash or reward_dir_hash(directory)
+        model, source = None, {"kind": "directory", "directory": str(directory.resolve())}
+    entry = cache_entry(reward_hash, opset)
+    if (entry / MANIFEST_NAME).is_file():
+        return entry
+    if model is None:
+        model = RewardModel.from_pretrained(model_or_dir)
+    staging = entry.with_name(f"{entry.name}.staging{os.getpid()}.{time.monotonic_ns()}")
+    try:
+        export_onnx(model, staging, source_hash=reward_hash, source=source, opset=opset)
+        try:
+            os.rename(staging, entry)
+        except OSError:
+            if not (entry / MANIFEST_NAME).is_file():
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return entry
+
+
+# -- verification ------------------------------------------------------------------------------------
+def read_manifest(directory: str | os.PathLike) -> dict:
+    directory = Path(directory)
+    path = directory / MANIFEST_NAME
+    if not path.is_file():
+        raise ExportError(f"{directory} has no {MANIFEST_NAME}; export it with `steerkit export onnx REWARD --out DIR`.")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{path} is not valid JSON ({exc}); re-export the model.") from None
+    if manifest.get("format") != EXPORT_FORMAT or manifest.get("format_version") != EXPORT_FORMAT_VERSION:
+        raise ExportError(f"{path} is format {manifest.get('format')!r} v{manifest.get('format_version')}; this "
+                          f"steerkit reads {EXPORT_FORMAT!r} v{EXPORT_FORMAT_VERSION}. Re-export the model.")
+    required = ("source", "reward_config", "tokenizer", "inputs", "outputs", "num_layers", "num_kv_heads",
+                "head_dim", "files")
+    missing = [k for k in required if k not in manifest]
+    if missing:
+        raise ExportError(f"{path} lacks {', '.join(missing)}; re-export the model.")
+    L = manifest["num_layers"]
+    if manifest["inputs"] != input_names(L) or manifest["outputs"] != output_names(L):
+        raise ExportError(f"{path}: input/output names do not match {L} layers; re-export the model.")
+    return manifest
+
+
+def verify_export(directory: str | os.PathLike, *, expected_hash: str | None = None,
+                  tokenizer=None) -> tuple[dict, RewardModelConfig, object]:
+    """Check an export directory and load its tokenizer. Returns (manifest, reward config, tokenizer).
+
+    Raises :class:`ExportError` when a file is missing or its SHA-256 differs from the manifest
+    (corruption), when the tokenizer in the directory (or ``tokenizer``, when given) is not the one the
+    manifest names, or when the source hash differs from ``expected_hash``.
+    """
+    directory = Path(directory).expanduser()
+    manifest = read_manifest(directory)
+    if expected_hash is not None and manifest["source"].get("reward_hash") != expected_hash:
+        raise ExportError(f"{directory} was exported from reward {manifest['source'].get('reward_hash', '?')[:16]}…, "
+                          f"not from the requested one ({expected_hash[:16]}…). Re-export it.")
+    for name, meta in manifest["files"].items():
+        path = directory / name
+        if not path.is_file():
+            raise ExportError(f"{directory} lacks {name} listed in its manifest; re-export the model.")
+        if path.stat().st_size != meta.get("bytes") or sha256_file(path) != meta.get("sha256"):
+            raise ExportError(f"{path} is corrupted: its SHA-256 does not match the manifest. Re-export with "
+                              f"`steerkit export onnx REWARD --out {directory} --force` (or delete it if it is "
+                              "in the steerkit cache; it is rebuilt on next use).")
+    try:
+        config = RewardModelConfig.model_validate(manifest["reward_config"])
+    except Exception as exc:
+        raise ExportError(f"{directory}/{MANIFEST_NAME} has an invalid reward_config: {exc}") from None
+    if config.num_layers != manifest["num_layers"]:
+        raise ExportError(f"{directory}: manifest says {manifest['num_layers']} layers, its reward config "
+                          f"{config.num_layers}. Re-export the model.")
+    claimed = manifest["tokenizer"]
+    reference = config.tokenizer or config.backbone
+    if claimed.get("reference") != reference:
+        raise ExportError(f"{directory}: the manifest names tokenizer {claimed.get('reference')!r} but the reward "
+                          f"model uses {reference!r}. Re-export the model.")
+    if tokenizer is None:
+        tokenizer = _load_dir_tokenizer(directory / claimed.get("directory", TOKENIZER_DIR))
+    found = tokenizer_fingerprint(tokenizer)
+    if found != claimed.get("fingerprint") or len(tokenizer) != claimed.get("vocab_size"):
+        raise ExportError(
+            f"{directory}: tokenizer mismatch. The manifest was written for tokenizer {reference!r} "
+            f"(vocabulary {claimed.get('vocab_size')} tokens, fingerprint {str(claimed.get('fingerprint'))[:12]}…), "
+            f"but the tokenizer found has {len(tokenizer)} tokens (fingerprint {found[:12]}…). Token ids would "
+            "be scored with the wrong embeddings: re-export from the reward-model directory.")
+    if len(tokenizer) > config.vocab_size:
+        raise ExportError(f"{directory}: tokenizer has {len(tokenizer)} tokens but the model embeds only "
+                          f"{config.vocab_size}. Re-export from the reward-model directory.")
+    return manifest, config, tokenizer
+
+
+def _load_dir_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    if not path.is_dir():
+        raise ExportError(f"{path.parent} lacks its {path.name}/ directory; re-export the model.")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:
+        raise ExportError(f"Could not load the tokenizer in {path}: {exc}. Re-export the model.") from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
