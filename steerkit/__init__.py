@@ -12,6 +12,7 @@ from .errors import (
 )
 from .hf import RewardAugmentedLogitsProcessor
 from .models import load_causal_lm, load_tokenizer, resolve
+from .registry import hookimpl
 from .rewards.loading import load_reward
 from .rewards.model import RewardModel
 from .rewards.scorer import RewardModelScorer
@@ -22,7 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "generate", "GenerationOutput", "RewardAugmentedGenerator", "RewardAugmentedLogitsProcessor",
     "RewardModel", "RewardModelScorer", "SteeringTerm", "BetaSchedule", "load_reward", "load_causal_lm",
-    "load_tokenizer", "resolve", "SteerkitError", "InvalidArgumentError", "PromptTooLongError",
+    "load_tokenizer", "resolve", "hookimpl", "SteerkitError", "InvalidArgumentError", "PromptTooLongError",
     "ModelNotFoundError", "ModelNotInstalledError", "ModelIntegrityError", "RewardModelFormatError",
     "PluginError", "ConfigError", "DataError", "CheckpointError", "ExportError",
 ]
