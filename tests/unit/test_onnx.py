@@ -1,0 +1,206 @@
+"""ONNX export + onnxruntime backend: parity with torch, generate() parity, manifest verification, CLI."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+import steerkit  # noqa: E402
+from steerkit.errors import ExportError  # noqa: E402
+from steerkit.rewards.model import RewardModel  # noqa: E402
+from steerkit.rewards.onnx_backend import OnnxRewardModel, OnnxScoringCache  # noqa: E402
+from steerkit.rewards.onnx_export import (  # noqa: E402
+    DATA_FILE, MANIFEST_NAME, MODEL_FILE, cache_entry, export_onnx, reward_dir_hash,
+)
+from steerkit.rewards.scorer import RewardModelScorer  # noqa: E402
+from steerkit.rewards.torch_cache import TorchScoringCache  # noqa: E402
+
+UNEVEN = ["The quick brown fox jumps over", "", "You are a wonderful friend", "I hate"]
+
+
+@pytest.fixture(scope="module")
+def steerkit_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        path = tmp_path_factory.mktemp("steerkit_cache")
+        mp.setenv("STEERKIT_CACHE", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, steerkit_cache, reward_model):
+    return export_onnx(reward_model, tmp_path_factory.mktemp("export") / "tiny-onnx")
+
+
+@pytest.fixture(scope="module")
+def reward_dir(tmp_path_factory, steerkit_cache, tokenizer):
+    """A tiny reward model saved as a directory over a saved tiny backbone (loadable by reference)."""
+    from tiny import tiny_lm
+
+    backbone = tmp_path_factory.mktemp("backbone")
+    tiny_lm(tokenizer, seed=5).save_pretrained(backbone)
+    tokenizer.save_pretrained(backbone)
+    rm = RewardModel.from_backbone(str(backbone), name="tiny-dir")
+    torch.manual_seed(11)
+    torch.nn.init.normal_(rm.head.weight, std=0.5)
+    return rm.save_pretrained(tmp_path_factory.mktemp("rm") / "tiny-rm")
+
+
+def test_export_writes_manifest_describing_the_graph(exported, reward_model):
+    manifest = json.loads((exported / MANIFEST_NAME).read_text())
+    assert manifest["num_layers"] == reward_model.config.num_layers == 2
+    assert manifest["num_kv_heads"] == 2 and manifest["head_dim"] == 8
+    assert manifest["inputs"][:3] == ["input_ids", "position_ids", "attention_mask"]
+    assert manifest["outputs"][0] == "rewards" and len(manifest["outputs"]) == 1 + 2 * 2
+    assert manifest["opset"] == 17 and not manifest["external_data"]
+    assert set(manifest["files"]) == {MODEL_FILE}
+    assert manifest["tokenizer"]["reference"] == reward_model.config.backbone
+
+
+def test_cache_parity_with_torch_over_twelve_steps_with_rollback(exported, reward_model, tokenizer):
+    onnx_model = OnnxRewardModel(exported, tokenizer=tokenizer)
+    enc = reward_model.encode(UNEVEN)  # uneven prompts, left padded; the empty one is just the start token
+    ref = TorchScoringCache(reward_model, enc["input_ids"], enc["attention_mask"])
+    ours = OnnxScoringCache(onnx_model, enc["input_ids"], enc["attention_mask"])
+    g = torch.Generator().manual_seed(0)
+    B, k, worst = len(UNEVEN), 6, 0.0
+    for step in range(12):
+        m = 3 if step % 4 == 2 else 1  # multi-token blocks (as the tokenizer bridge scores them), right padded
+        blocks = torch.randint(3, len(tokenizer), (B, k, m), generator=g)
+        mask = torch.ones_like(blocks, dtype=torch.bool)
+        if m > 1:
+            mask[..., 1:] = torch.rand(B, k, m - 1, generator=g) > 0.4
+            mask[..., 2] &= mask[..., 1]
+        a, b = ref.score_blocks(blocks, mask), ours.score_blocks(blocks, mask)
+        assert a.shape == b.shape == (B, k)
+        worst = max(worst, float((a - b).abs().max()))
+        choice = torch.randint(0, k, (B,), generator=g)
+        ref.commit_choice(choice)
+        ours.commit_choice(choice)
+        if step == 5:  # leaves holes in some rows, crops columns that are holes everywhere
+            counts = torch.tensor([1, 0, 2, 1])
+            ref.rollback(counts)
+            ours.rollback(counts)
+        if step == 8:
+            tokens = torch.randint(3, len(tokenizer), (B, 2), generator=g)
+            tmask = torch.tensor([[1, 1], [0, 1], [1, 0], [0, 0]], dtype=torch.bool)
+            ref.append(tokens, tmask)
+            ours.append(tokens, tmask)
+        assert torch.equal(ref.mask, ours.mask) and torch.equal(ref.next_pos, ours.next_pos)
+    assert worst <= 1e-4
+    # the kept KV itself matches too
+    for layer, (key, value) in zip(ref.cache.layers, zip(ours.past[0::2], ours.past[1::2])):
+        assert torch.allclose(layer.keys, key, atol=1e-4) and torch.allclose(layer.values, value, atol=1e-4)
+
+
+def test_score_texts_matches_torch(exported, reward_model, tokenizer):
+    onnx_model = OnnxRewardModel(exported, tokenizer=tokenizer)
+    texts = UNEVEN + ["Café déjà vu 🙂"]
+    a, pa = reward_model.score_texts(texts, per_prefix=True)
+    b, pb = onnx_model.score_texts(texts, per_prefix=True)
+    assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-5)
+    assert all(torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5) for x, y in zip(pa, pb))
+
+
+def test_generate_onnx_gives_identical_tokens_to_torch(reward_dir, lm, tokenizer, steerkit_cache):
+    prompts = ["The quick", "You are a wonderful friend and I", "Numbers"]
+    kw = dict(lm=(lm, tokenizer), rewards={str(reward_dir): -8.0}, k=8, max_new_tokens=12, seed=3,
+              num_return_sequences=2, eos_token_id=[])
+    torch_out = steerkit.generate(prompts, backend="torch", **kw)
+    onnx_out = steerkit.generate(prompts, backend="onnx", **kw)  # exports into the cache on first use
+    assert torch.equal(torch_out.sequences, onnx_out.sequences) and torch_out.texts == onnx_out.texts
+    entry = cache_entry(reward_dir_hash(reward_dir))
+    assert (entry / MANIFEST_NAME).is_file()
+    assert json.loads((entry / MANIFEST_NAME).read_text())["source"]["reward_hash"] == reward_dir_hash(reward_dir)
+    # a torch RewardModel handed to a scorer with backend "onnx" goes through the same (memoised) export
+    scorer = RewardModelScorer(RewardModel.from_pretrained(reward_dir), backend="onnx")
+    assert isinstance(scorer.new_cache(torch.tensor([[1, 5]]), torch.ones(1, 2)), OnnxScoringCache)
+
+
+def test_changed_reward_dir_gets_a_new_export(reward_dir, tmp_path, steerkit_cache):
+    copy = shutil.copytree(reward_dir, tmp_path / "rm")
+    first = OnnxRewardModel.load(copy)
+    rm = RewardModel.from_pretrained(copy)
+    torch.nn.init.normal_(rm.head.weight, std=0.5)
+    rm.save_pretrained(copy)
+    second = OnnxRewardModel.load(copy)
+    assert first.directory != second.directory and second.reward_hash == reward_dir_hash(copy)
+
+
+def test_external_data_export(tmp_path, reward_model, tokenizer, steerkit_cache):
+    out = export_onnx(reward_model, tmp_path / "ext", external_data_threshold=0)
+    manifest = json.loads((out / MANIFEST_NAME).read_text())
+    assert manifest["external_data"] and set(manifest["files"]) == {MODEL_FILE, DATA_FILE}
+    assert (out / MODEL_FILE).stat().st_size < (out / DATA_FILE).stat().st_size
+    texts = ["I hate", "The quick brown"]
+    assert torch.allclose(torch.tensor(OnnxRewardModel(out).score_texts(texts)),
+                          torch.tensor(reward_model.score_texts(texts)), atol=1e-5)
+
+
+def test_tokenizer_mismatch_is_refused(exported, tmp_path, steerkit_cache):
+    from tiny import make_tokenizer
+
+    bad = shutil.copytree(exported, tmp_path / "bad-tokenizer")
+    shutil.rmtree(bad / "tokenizer")
+    make_tokenizer(kind="metaspace").save_pretrained(bad / "tokenizer")  # another vocabulary
+    with pytest.raises(ExportError, match="tokenizer mismatch"):
+        OnnxRewardModel(bad)
+    # and a manifest naming another tokenizer than its reward config
+    named = shutil.copytree(exported, tmp_path / "bad-name")
+    manifest = json.loads((named / MANIFEST_NAME).read_text())
+    manifest["tokenizer"]["reference"] = "smollm2-135m-instruct"
+    (named / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match="names tokenizer"):
+        steerkit.load_reward(str(named), backend="onnx")
+
+
+def test_exported_model_checked_against_the_callers_tokenizer(exported):
+    from tiny import make_tokenizer
+
+    with pytest.raises(ExportError, match="tokenizer mismatch"):
+        OnnxRewardModel(exported, tokenizer=make_tokenizer(vocab_size=200))
+
+
+def test_corrupted_model_file_is_refused(exported, tmp_path, steerkit_cache):
+    bad = shutil.copytree(exported, tmp_path / "corrupt")
+    data = bytearray((bad / MODEL_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (bad / MODEL_FILE).write_bytes(bytes(data))
+    with pytest.raises(ExportError, match="corrupted"):
+        steerkit.load_reward(str(bad), backend="onnx")
+    (bad / MODEL_FILE).unlink()
+    with pytest.raises(ExportError, match="lacks model.onnx"):
+        OnnxRewardModel(bad)
+
+
+def test_export_dir_with_torch_backend_and_wrong_source_are_refused(exported, reward_dir, steerkit_cache):
+    with pytest.raises(ExportError, match="is an ONNX export"):
+        steerkit.load_reward(str(exported), backend="torch")
+    with pytest.raises(ExportError, match="exported from reward"):
+        OnnxRewardModel(exported, expected_hash=reward_dir_hash(reward_dir))
+
+
+def test_cli_export_verify_and_score(reward_dir, tmp_path, steerkit_cache):
+    from typer.testing import CliRunner
+
+    from steerkit.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "cli-export"
+    result = runner.invoke(app, ["export", "onnx", str(reward_dir), "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads(result.stdout)
+    assert manifest["source"]["reward_hash"] == reward_dir_hash(reward_dir)
+    assert manifest["source"]["directory"] == str(reward_dir.resolve())
+    again = runner.invoke(app, ["export", "onnx", str(reward_dir), "--out", str(out)])
+    assert again.exit_code != 0 and isinstance(again.exception, ExportError)
+    assert runner.invoke(app, ["export", "verify", str(out)]).exit_code == 0
+    scores = {}
+    for backend, ref in (("onnx", out), ("torch", reward_dir)):
+        res = runner.invoke(app, ["score", "I hate it", "hello", "-r", str(ref), "--backend", backend, "--json"])
+        assert res.exit_code == 0, res.output
+        scores[backend] = [r["reward"] for r in json.loads(res.stdout)["results"]]
+    assert torch.allclose(torch.tensor(scores["onnx"]), torch.tensor(scores["torch"]), atol=1e-5)
