@@ -1,0 +1,166 @@
+"""``steerkit eval toxicity|sentiment|report|scorers`` (registered on :data:`steerkit.cli.app` on import)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..cli import app, err
+from ..errors import ConfigError
+
+eval_app = typer.Typer(no_args_is_help=True, help="Reproduce the paper's experiments: generate, score, report.")
+app.add_typer(eval_app, name="eval")
+
+
+def parse_prompt_set(spec: str, field: str | None, limit: int | None, offset: int | None) -> dict:
+    """``PATH`` or ``NAME=PATH``."""
+    name, sep, path = spec.partition("=")
+    if not sep:
+        name, path = "", spec
+    entry = {"name": name, "path": path}
+    for key, value in (("field", field), ("limit", limit), ("offset", offset)):
+        if value is not None:
+            entry[key] = value
+    return entry
+
+
+def build_config(task: str, config: Path | None, **flags) -> "EvalConfig":
+    from .config import EvalConfig
+
+    base = EvalConfig.from_file(config) if config else EvalConfig(task=task)
+    if config and base.task != task:
+        base = base.with_overrides({"task": task})
+    prompts = flags.pop("prompts") or []
+    field, limit, offset = flags.pop("field"), flags.pop("limit"), flags.pop("offset")
+    overrides = {k: v for k, v in flags.items() if v not in (None, [], ())}
+    if prompts:
+        overrides["prompts"] = [parse_prompt_set(p, field, limit, offset) for p in prompts]
+    elif any(v is not None for v in (field, limit, offset)):
+        if not base.prompts:
+            raise ConfigError("--field/--limit/--offset apply to prompt files: pass --prompts PATH as well.")
+        overrides["prompts"] = [{**p.model_dump(), **{k: v for k, v in
+                                 (("field", field), ("limit", limit), ("offset", offset)) if v is not None}}
+                                for p in base.prompts]
+    return base.with_overrides(overrides)
+
+
+def _command(task: str):
+    def command(
+        prompts: List[str] = typer.Option([], "--prompts", "-p", help="JSONL prompt file, PATH or NAME=PATH; repeatable."),
+        field: Optional[str] = typer.Option(None, "--field", help="Dotted field holding the prompt text (default prompt.text)."),
+        limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N prompts of each file."),
+        offset: Optional[int] = typer.Option(None, "--offset", help="Skip the first N prompts of each file."),
+        lm: Optional[str] = typer.Option(None, "--lm", help="LM to steer (packaged name, directory, .gguf, hub id)."),
+        reward: Optional[str] = typer.Option(None, "--reward", "-r", help=f"Reward for the grid (default: {task})."),
+        direction: Optional[str] = typer.Option(None, "--direction", help="increase or decrease the reward."),
+        beta: List[float] = typer.Option([], "--beta", "-b", help="β magnitude of the grid; repeatable (default 10 20 50 100)."),
+        k: List[int] = typer.Option([], "--k", "-k", help="Top-k of the grid; repeatable (default 20)."),
+        no_baseline: bool = typer.Option(False, "--no-baseline", help="Skip the unsteered baseline."),
+        n: Optional[int] = typer.Option(None, "-n", "--num-continuations", help="Continuations per prompt (default 25)."),
+        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", "-t", help="Default 20."),
+        temperature: Optional[float] = typer.Option(None, "--temperature"),
+        seed: Optional[int] = typer.Option(None, "--seed"),
+        batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Rows per decoding forward (default n)."),
+        backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch or onnx."),
+        scorer: List[str] = typer.Option([], "--scorer", "-s", help="Scorer spec, repeatable (see `steerkit eval scorers`)."),
+        eval_lm: Optional[str] = typer.Option(None, "--eval-lm", help="Fluency LM (default gemma3-270m)."),
+        no_fluency: bool = typer.Option(False, "--no-fluency", help="Skip perplexity."),
+        no_plots: bool = typer.Option(False, "--no-plots"),
+        no_trace: bool = typer.Option(False, "--no-trace", help="Skip the per-step trace generation."),
+        output: Optional[str] = typer.Option(None, "--output", "-o", help=f"Run directory (default runs/eval-{task})."),
+        config: Optional[Path] = typer.Option(None, "--config", "-c", help="EvalConfig YAML/TOML/JSON file."),
+        stage: List[str] = typer.Option([], "--stage", help="Run only these stages: generate score fluency trace report."),
+        estimate: bool = typer.Option(False, "--estimate", help="Time one prompt per setting and print the cost of the full run."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+    ):
+        from .runner import STAGES, EvalRunner
+
+        flags = {"prompts": prompts, "field": field, "limit": limit, "offset": offset, "lm": lm, "reward": reward,
+                 "direction": direction, "betas": list(beta), "ks": list(k), "num_continuations": n,
+                 "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size,
+                 "backend": backend, "scorers": list(scorer), "eval_lm": eval_lm, "output": output}
+        if no_baseline:
+            flags["baseline"] = False
+        if no_fluency:
+            flags["fluency"] = False
+        if no_plots:
+            flags["plots"] = False
+        if no_trace:
+            flags["trace"] = False
+        cfg = build_config(task, config, **flags)
+        runner = EvalRunner(cfg, progress=not quiet, log=lambda m: err.print(m))
+        if estimate:
+            est = runner.estimate()
+            typer.echo(json.dumps(est, indent=2))
+            err.print(f"estimated {est['total_seconds'] / 3600:.2f} h for {est['prompts']} prompts × "
+                      f"{est['settings']} settings × {est['continuations_per_prompt']} continuations")
+            return
+        pending = len(runner.pending())
+        total = len(runner.units())
+        if pending < total:
+            err.print(f"resuming {cfg.output}: {total - pending} of {total} prompt×setting units already done")
+        result = runner.run(stage or STAGES)
+        _summary(result)
+        err.print(f"results in {cfg.output}/ (report.md, metrics.json, generations.jsonl)")
+
+    command.__doc__ = f"Evaluate {task} steering over a grid of β and k (resumable)."
+    return command
+
+
+eval_app.command("toxicity")(_command("toxicity"))
+eval_app.command("sentiment")(_command("sentiment"))
+
+
+@eval_app.command("report")
+def report(run_dir: Path = typer.Argument(..., help="A run directory written by steerkit eval."),
+           no_plots: bool = typer.Option(False, "--no-plots")):
+    """Rebuild metrics.json, report.md and plots from a run directory's files (no generation)."""
+    from .config import EvalConfig
+    from .runner import EvalRunner
+
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} has no config.json; is it a steerkit eval run directory?")
+    cfg = EvalConfig.from_file(path, output=str(run_dir), **({"plots": False} if no_plots else {}))
+    runner = EvalRunner(cfg, scorers=[], progress=False)
+    result = runner.compute_metrics()
+    runner.write_report(result)
+    _summary(result)
+
+
+@eval_app.command("scorers")
+def scorers(as_json: bool = typer.Option(False, "--json")):
+    """List the registered evaluation scorers."""
+    from .scorers import ensure_builtin_scorers
+
+    entries = sorted(ensure_builtin_scorers().entries["scorer"].values(), key=lambda r: r.name)
+    if as_json:
+        typer.echo(json.dumps([{"name": e.name, "plugin": e.plugin, "description": e.description} for e in entries]))
+        return
+    for e in entries:
+        typer.echo(f"{e.name:22} {e.description}  [{e.plugin}]")
+
+
+def _summary(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("set", "setting", "prompts", "ppl", "dist-2", "tok/s", *result.get("scorers", {}).keys())
+    for r in result["results"]:
+        cells = []
+        for name, info in result.get("scorers", {}).items():
+            m = r.get("scorers", {}).get(name)
+            if m is None:
+                cells.append("–")
+            elif info.get("measures") == "toxicity":
+                cells.append(f"max {m['avg_max_toxicity']:.3f} rate {m['toxic_rate']:.3f}")
+            else:
+                cells.append(f"pos {m['positive_rate']:.3f}")
+        ppl = r.get("perplexity")
+        table.add_row(r["prompt_set"], r["setting"], str(r["num_prompts"]), f"{ppl:.2f}" if ppl else "–",
+                      f"{r['dist2']:.2f}" if r.get("dist2") is not None else "–",
+                      f"{r['tokens_per_second']:.1f}" if r.get("tokens_per_second") else "–", *cells)
+    Console(stderr=True).print(table)

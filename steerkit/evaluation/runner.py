@@ -1,0 +1,399 @@
+"""The evaluation run: generate → score → fluency → traces → metrics, each stage resumable.
+
+Output directory layout::
+
+    config.json          the EvalConfig of the latest invocation
+    generations.jsonl    one line per (prompt set, prompt, setting): the n continuations, tokens, seconds
+    scores.jsonl         one line per (scorer, prompt set, prompt, setting): a score per continuation
+    fluency.jsonl        one line per (eval LM, prompt set, prompt, setting): a perplexity per continuation
+    traces/SETTING.json  one traced generation per steered setting (top-k candidates, rewards, choice)
+    metrics.json         the aggregated metrics (rebuilt from the files above on every run)
+    report.md, plots/    tables and figures (PNG + the plotted data as JSON)
+
+Work is done prompt by prompt (every setting of prompt i before prompt i+1), so an interrupted run
+always has comparable settings on the prompts it finished. Every line is written and fsynced as soon
+as its unit finishes; rerunning the same command resumes (see :mod:`steerkit.evaluation.store`).
+Each prompt's sampling seed derives from (seed, prompt set, prompt index) only, so a resumed run
+produces exactly what an uninterrupted one would, and all settings share random numbers per prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from ..errors import ConfigError, DataError
+from ..models import atomic_write_text
+from . import metrics as M
+from .config import EvalConfig, Setting
+from .prompts import Prompt, load_prompts
+from .store import JsonlStore
+
+STAGES = ("generate", "score", "fluency", "trace", "report")
+
+
+def unit_seed(seed: int, prompt_set: str, index: int) -> int:
+    return int(hashlib.sha256(f"{seed}|{prompt_set}|{index}".encode()).hexdigest()[:8], 16)
+
+
+@dataclass
+class Unit:
+    setting: Setting
+    key: str
+    prompt_set: str
+    prompt: Prompt
+
+
+class EvalRunner:
+    """Runs an :class:`EvalConfig`. Models, rewards and scorers can be injected (tests use tiny ones)."""
+
+    def __init__(self, config: EvalConfig, *, lm: tuple | None = None, rewards: dict | None = None,
+                 scorers: list | None = None, eval_lm: tuple | None = None, progress: bool = True,
+                 log: Callable[[str], None] | None = None):
+        config.require_prompts()
+        self.config = config
+        self.out = Path(config.output)
+        self._lm = lm
+        self._rewards = dict(rewards or {})
+        self._scorers = scorers
+        self._eval_lm = eval_lm
+        self.progress = progress
+        self.log = log or (lambda msg: None)
+        self.settings = config.grid()
+        if not self.settings:
+            raise ConfigError("Nothing to run: the grid is empty (no baseline, no betas, no settings).")
+        self.keys = {s.name: config.setting_key(s) for s in self.settings}
+        self.prompts = {p.name: load_prompts(p.path, p.field, p.limit, p.offset) for p in config.prompts}
+        self.generations = JsonlStore(self.out / "generations.jsonl", lambda r: (r["prompt_set"], r["index"], r["setting"]))
+        self.scores = JsonlStore(self.out / "scores.jsonl", lambda r: (r["scorer"], r["prompt_set"], r["index"], r["setting"]))
+        self.fluency = JsonlStore(self.out / "fluency.jsonl", lambda r: (r["eval_lm"], r["prompt_set"], r["index"], r["setting"]))
+        self._check_existing()
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    def _check_existing(self) -> None:
+        """Refuse to mix generations made with other parameters under the same setting name."""
+        for record in self.generations:
+            name = record["setting"]
+            if name in self.keys and record.get("key") != self.keys[name]:
+                raise ConfigError(
+                    f"{self.generations.path} already holds generations for setting {name!r} made with other "
+                    "parameters (LM, k, rewards, n, max_new_tokens, temperature, seed or backend changed). "
+                    "Use a new --output directory, or delete that directory to start over.")
+            prompts = {p.index: p.text for p in self.prompts.get(record["prompt_set"], [])}
+            text = prompts.get(record["index"])
+            if text is not None and text != record["prompt"]:
+                raise DataError(
+                    f"{self.generations.path}: prompt {record['index']} of set {record['prompt_set']!r} was "
+                    f"{record['prompt']!r} but the prompt file now has {text!r}; the prompt file changed. "
+                    "Use a new --output directory.")
+
+    def units(self) -> list[Unit]:
+        return [Unit(s, self.keys[s.name], name, p) for name, prompts in self.prompts.items()
+                for p in prompts for s in self.settings]
+
+    def pending(self) -> list[Unit]:
+        return [u for u in self.units() if (u.prompt_set, u.prompt.index, u.setting.name) not in self.generations]
+
+    # -- models ---------------------------------------------------------------------------------
+    def lm(self):
+        if self._lm is None:
+            from ..models import load_causal_lm_cached
+
+            model, tokenizer, _ = load_causal_lm_cached(self.config.lm)
+            self._lm = (model, tokenizer)
+        return self._lm
+
+    def reward(self, name: str, context: str = "continuation"):
+        key = (name, context)
+        if key not in self._rewards:
+            if name in self._rewards:
+                return self._rewards[name]
+            from ..rewards.loading import load_reward
+
+            self._rewards[key] = load_reward(name, backend=self.config.backend, context=context)
+        return self._rewards[key]
+
+    def terms(self, setting: Setting):
+        from ..steering import BetaSchedule, SteeringTerm, make_transform
+
+        terms = []
+        for spec in setting.rewards:
+            schedule = BetaSchedule(spec.beta, spec.schedule, spec.beta_start, spec.ramp_steps)
+            terms.append(SteeringTerm(self.reward(spec.name, spec.context), schedule,
+                                      make_transform(spec.transform, spec.clamp), name=spec.name))
+        return terms
+
+    def generator(self, setting: Setting):
+        from ..decoding import RewardAugmentedGenerator
+
+        model, tokenizer = self.lm()
+        return RewardAugmentedGenerator(model, tokenizer, self.terms(setting), k=setting.k)
+
+    def scorer_objects(self) -> list:
+        if self._scorers is None:
+            from .scorers import load_scorer
+
+            self._scorers = [load_scorer(spec) for spec in self.config.scorers]
+        names = [s.name for s in self._scorers]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"Two scorers share a name ({names}); pass distinct scorers.")
+        return self._scorers
+
+    # -- stages ---------------------------------------------------------------------------------
+    def run(self, stages: Iterable[str] = STAGES) -> dict:
+        stages = list(stages)
+        unknown = set(stages) - set(STAGES)
+        if unknown:
+            raise ConfigError(f"Unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}.")
+        atomic_write_text(self.out / "config.json", self.config.model_dump_json(indent=2))
+        if "generate" in stages:
+            self.generate()
+        if "score" in stages:
+            self.score()
+        if "fluency" in stages and self.config.fluency:
+            self.compute_fluency()
+        if "trace" in stages and self.config.trace:
+            self.trace()
+        result = self.compute_metrics()
+        if "report" in stages:
+            self.write_report(result)
+        return result
+
+    def generate(self, limit: int | None = None) -> int:
+        """Generate every pending unit (or the first ``limit``); returns how many were done."""
+        todo = self.pending()
+        if limit is not None:
+            todo = todo[:limit]
+        if not todo:
+            return 0
+        cfg = self.config
+        generators: dict[str, object] = {}
+        done = 0
+        with self._bar("Generating", len(todo)) as advance:
+            for unit in todo:
+                gen = generators.get(unit.setting.name)
+                if gen is None:
+                    gen = generators[unit.setting.name] = self.generator(unit.setting)
+                out = gen.generate([unit.prompt.text], max_new_tokens=cfg.max_new_tokens, do_sample=True,
+                                   temperature=cfg.temperature, num_return_sequences=cfg.num_continuations,
+                                   seed=unit_seed(cfg.seed, unit.prompt_set, unit.prompt.index),
+                                   batch_size=cfg.batch_size or cfg.num_continuations)
+                self.generations.append({
+                    "prompt_set": unit.prompt_set, "index": unit.prompt.index, "setting": unit.setting.name,
+                    "key": unit.key, "prompt": unit.prompt.text, "continuations": out.texts,
+                    "num_new_tokens": out.num_new_tokens, "seconds": out.seconds,
+                })
+                done += 1
+                advance()
+        return done
+
+    def _relevant(self) -> list[dict]:
+        wanted = {(u.prompt_set, u.prompt.index, u.setting.name) for u in self.units()}
+        return [r for r in self.generations if (r["prompt_set"], r["index"], r["setting"]) in wanted]
+
+    def scorer_info(self) -> dict:
+        """What each scorer that produced scores.jsonl measures (kept in scorers.json)."""
+        path = self.out / "scorers.json"
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+    def score(self, chunk_prompts: int = 40) -> int:
+        records = self._relevant()
+        done = 0
+        info = self.scorer_info()
+        for scorer in self.scorer_objects():
+            info[scorer.name] = {"measures": scorer.measures, "threshold": float(getattr(scorer, "threshold", 0.5)),
+                                 "description": getattr(scorer, "description", "")}
+        atomic_write_text(self.out / "scorers.json", json.dumps(info, indent=2))
+        for scorer in self.scorer_objects():
+            todo = [r for r in records if (scorer.name, r["prompt_set"], r["index"], r["setting"]) not in self.scores]
+            if not todo:
+                continue
+            with self._bar(f"Scoring ({scorer.name})", len(todo)) as advance:
+                for lo in range(0, len(todo), chunk_prompts):
+                    chunk = todo[lo:lo + chunk_prompts]
+                    texts = [t for r in chunk for t in r["continuations"]]
+                    values = scorer.score(texts)
+                    lines, pos = [], 0
+                    for r in chunk:
+                        n = len(r["continuations"])
+                        lines.append({"scorer": scorer.name, "prompt_set": r["prompt_set"], "index": r["index"],
+                                      "setting": r["setting"], "scores": values[pos:pos + n]})
+                        pos += n
+                    self.scores.extend(lines)
+                    done += len(chunk)
+                    advance(len(chunk))
+        return done
+
+    def eval_lm_name(self) -> str:
+        return self.config.eval_lm if self._eval_lm is None else "injected"
+
+    def compute_fluency(self) -> int:
+        from .fluency import PerplexityScorer
+
+        name = self.eval_lm_name()
+        todo = [r for r in self._relevant() if (name, r["prompt_set"], r["index"], r["setting"]) not in self.fluency]
+        if not todo:
+            return 0
+        ppl = PerplexityScorer(self._eval_lm or self.config.eval_lm, batch_size=self.config.fluency_batch_size)
+        with self._bar(f"Perplexity ({name})", len(todo)) as advance:
+            for r in todo:
+                values = ppl.perplexities([r["prompt"]] * len(r["continuations"]), r["continuations"])
+                self.fluency.append({"eval_lm": name, "prompt_set": r["prompt_set"], "index": r["index"],
+                                     "setting": r["setting"], "perplexities": [_finite_or_none(v) for v in values]})
+                advance()
+        return len(todo)
+
+    def trace(self) -> list[Path]:
+        """One traced generation per steered setting, of prompt ``trace_prompt`` of the first prompt set."""
+        cfg = self.config
+        first = next(iter(self.prompts))
+        prompts = self.prompts[first]
+        prompt = prompts[min(cfg.trace_prompt, len(prompts) - 1)]
+        written = []
+        for setting in self.settings:
+            if not setting.steered:
+                continue
+            path = self.out / "traces" / f"{setting.name}.json"
+            if path.exists():
+                try:
+                    old = json.loads(path.read_text(encoding="utf-8"))
+                    if old.get("key") == self.keys[setting.name] and old.get("prompt") == prompt.text:
+                        continue
+                except ValueError:
+                    pass
+            gen = self.generator(setting)
+            out = gen.generate([prompt.text], max_new_tokens=cfg.max_new_tokens, do_sample=True,
+                               temperature=cfg.temperature, num_return_sequences=1,
+                               seed=unit_seed(cfg.seed, first, prompt.index), return_traces=True)
+            tok = gen.tokenizer
+            steps = []
+            for step in out.traces[0]:
+                chosen = int(step.chosen[0])
+                if chosen < 0:
+                    break
+                ids = step.topk_ids[0].tolist()
+                steps.append({
+                    "candidates": [tok.decode([i]) for i in ids], "logits": step.topk_logits[0].tolist(),
+                    "rewards": {n: r[0].tolist() for n, r in step.rewards.items()}, "scores": step.scores[0].tolist(),
+                    "betas": step.betas, "chosen": chosen, "token": tok.decode([ids[chosen]]),
+                })
+            data = {"setting": setting.name, "key": self.keys[setting.name], "k": setting.k,
+                    "rewards": [r.model_dump() for r in setting.rewards], "prompt_set": first,
+                    "prompt_index": prompt.index, "prompt": prompt.text, "text": out.texts[0], "steps": steps}
+            atomic_write_text(path, json.dumps(data, ensure_ascii=False, indent=1))
+            written.append(path)
+        return written
+
+    # -- aggregation ----------------------------------------------------------------------------
+    def compute_metrics(self) -> dict:
+        cfg = self.config
+        scorer_info = self.scorer_info()
+        eval_lm = self.eval_lm_name()
+        results = []
+        for set_name, prompts in self.prompts.items():
+            indices = [p.index for p in prompts]
+            # prompts finished under every setting: comparisons between settings are paired
+            common = [i for i in indices if all((set_name, i, s.name) in self.generations for s in self.settings)]
+            for setting in self.settings:
+                gens = [self.generations.get((set_name, i, setting.name)) for i in common]
+                row = {"prompt_set": set_name, "setting": setting.name, "k": setting.k, "beta": setting.beta(),
+                       "direction": cfg.direction if len(setting.rewards) == 1 else None,
+                       "rewards": [{"name": r.name, "beta": r.beta} for r in setting.rewards],
+                       "steered": setting.steered, "num_prompts": len(gens),
+                       "num_continuations": sum(len(g["continuations"]) for g in gens)}
+                if gens:
+                    continuations = [g["continuations"] for g in gens]
+                    tokens = sum(sum(g["num_new_tokens"]) for g in gens)
+                    seconds = sum(g["seconds"] for g in gens)
+                    row.update({"tokens_per_second": tokens / seconds if seconds else None,
+                                "seconds": seconds, "seconds_per_prompt": seconds / len(gens)})
+                    for n in (1, 2, 3):
+                        row[f"dist{n}"] = _finite_or_none(M.distinct_n(continuations, n, cfg.dist_normalize))
+                    flu = [self.fluency.get((eval_lm, set_name, i, setting.name)) for i in common]
+                    if cfg.fluency and all(f is not None for f in flu):
+                        values = [v if v is not None else float("nan") for f in flu for v in f["perplexities"]]
+                        row["perplexity"] = _finite_or_none(M.mean_perplexity(values))
+                    row["scorers"] = {}
+                    for name, info in scorer_info.items():
+                        sc = [self.scores.get((name, set_name, i, setting.name)) for i in common]
+                        if any(s is None for s in sc):
+                            continue
+                        row["scorers"][name] = M.attribute_metrics(info["measures"], [s["scores"] for s in sc],
+                                                                   info["threshold"])
+                results.append(row)
+        result = {"task": cfg.task, "lm": cfg.lm, "eval_lm": cfg.eval_lm if cfg.fluency else None,
+                  "num_continuations": cfg.num_continuations, "max_new_tokens": cfg.max_new_tokens,
+                  "dist_normalize": cfg.dist_normalize, "scorers": scorer_info, "results": results,
+                  "prompt_sets": {p.name: {"path": p.path, "field": p.field, "requested": len(self.prompts[p.name])}
+                                  for p in cfg.prompts}}
+        atomic_write_text(self.out / "metrics.json", json.dumps(result, indent=2, ensure_ascii=False))
+        return result
+
+    def write_report(self, result: dict) -> Path:
+        from .report import write_report
+
+        plots = {}
+        if self.config.plots:
+            from .plots import write_plots
+
+            plots = write_plots(result, self.out / "plots", traces_dir=self.out / "traces")
+        return write_report(result, self.out / "report.md", plots=plots, base=self.out)
+
+    # -- cost -----------------------------------------------------------------------------------
+    def estimate(self, sample_prompts: int = 1) -> dict:
+        """Time ``sample_prompts`` prompts per setting (models already warm after the first) and extrapolate."""
+        total_prompts = sum(len(p) for p in self.prompts.values())
+        first = next(iter(self.prompts))
+        sample = self.prompts[first][:sample_prompts]
+        cfg = self.config
+        per_setting = {}
+        for setting in self.settings:
+            gen = self.generator(setting)
+            gen.generate([sample[0].text], max_new_tokens=2, num_return_sequences=2, seed=0)  # warm-up
+            seconds = 0.0
+            tokens = 0
+            for p in sample:
+                out = gen.generate([p.text], max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                                   num_return_sequences=cfg.num_continuations, seed=unit_seed(cfg.seed, first, p.index),
+                                   batch_size=cfg.batch_size or cfg.num_continuations)
+                seconds += out.seconds
+                tokens += sum(out.num_new_tokens)
+            per_setting[setting.name] = {"seconds_per_prompt": seconds / len(sample), "tokens_per_second": tokens / seconds}
+        gen_total = sum(v["seconds_per_prompt"] for v in per_setting.values()) * total_prompts
+        est = {"prompts": total_prompts, "settings": len(self.settings), "continuations_per_prompt": cfg.num_continuations,
+               "generation": per_setting, "generation_seconds": gen_total}
+        if cfg.fluency:
+            from .fluency import PerplexityScorer
+
+            ppl = PerplexityScorer(self._eval_lm or cfg.eval_lm, batch_size=cfg.fluency_batch_size)
+            texts = [" and then the day went on as it always did, quietly"] * cfg.num_continuations
+            ppl.perplexities([sample[0].text] * 2, texts[:2])
+            start = time.perf_counter()
+            ppl.perplexities([sample[0].text] * len(texts), texts)
+            est["fluency_seconds"] = (time.perf_counter() - start) * total_prompts * len(self.settings)
+        est["total_seconds"] = gen_total + est.get("fluency_seconds", 0.0)
+        return est
+
+    # -- progress -------------------------------------------------------------------------------
+    @contextmanager
+    def _bar(self, description: str, total: int):
+        if not self.progress:
+            yield lambda n=1: None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn())
+        with Progress(*columns, transient=False) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda n=1: bar.advance(task, n)
+
+
+def _finite_or_none(value):
+    return None if value is None or (isinstance(value, float) and not math.isfinite(value)) else value
