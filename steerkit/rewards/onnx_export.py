@@ -308,19 +308,23 @@ def export_source(reference: str) -> tuple[RewardModel, str, dict]:
     if path.is_dir():
         model = RewardModel.from_pretrained(path)
         return model, reward_dir_hash(path), {"kind": "directory", "directory": str(path.resolve())}
-    try:
-        from .loading import load_reward
-    except ImportError:  # pragma: no cover
-        raise ExportError(f"Unknown reward {reference!r}: pass a reward-model directory.") from None
+    from .loading import load_reward
+
+    try:  # a plugin's reward_model_factory exposes the directory it loads: hash its files like a path
+        from ..registry import get_registry
+
+        directory = getattr(get_registry().get("reward", reference).factory, "directory", None)
+    except Exception:  # not registered (load_reward below raises the helpful error) or no registry
+        directory = None
+    if directory is not None and (Path(directory) / CONFIG_NAME).is_file():
+        model = RewardModel.from_pretrained(directory)
+        return model, reward_dir_hash(directory), {"kind": "registered", "name": reference,
+                                                   "directory": str(Path(directory).resolve())}
     scorer = load_reward(reference, backend="torch")
     model = getattr(scorer, "model", None)
     if not isinstance(model, RewardModel):
         raise ExportError(f"Reward {reference!r} is not backed by a steerkit RewardModel, so it cannot be "
                           "exported to ONNX.")
-    directory = getattr(model, "source_directory", None)
-    if directory is not None and (Path(directory) / CONFIG_NAME).is_file():
-        return model, reward_dir_hash(directory), {"kind": "registered", "name": reference,
-                                                   "directory": str(Path(directory).resolve())}
     return model, model_content_hash(model), {"kind": "registered", "name": reference}
 
 

@@ -204,3 +204,26 @@ def test_cli_export_verify_and_score(reward_dir, tmp_path, steerkit_cache):
         assert res.exit_code == 0, res.output
         scores[backend] = [r["reward"] for r in json.loads(res.stdout)["results"]]
     assert torch.allclose(torch.tensor(scores["onnx"]), torch.tensor(scores["torch"]), atol=1e-5)
+
+
+def test_registered_reward_exports_by_name_and_runs_with_onnx(reward_dir, tmp_path, steerkit_cache, tokenizer):
+    from steerkit import registry
+    from steerkit.rewards.onnx_export import export_source
+
+    class Plugin:
+        @registry.hookimpl
+        def register_reward_models(self, register):
+            register("tiny-registered-onnx", registry.reward_model_factory(reward_dir, name="tiny-registered-onnx"))
+
+    registry.register_plugin(Plugin(), name="tiny-onnx-test-plugin")
+    try:
+        model, reward_hash, source = export_source("tiny-registered-onnx")
+        assert reward_hash == reward_dir_hash(reward_dir) and source["name"] == "tiny-registered-onnx"
+        scorer = steerkit.load_reward("tiny-registered-onnx", backend="onnx")
+        enc = model.encode(["I hate", "The quick brown"])
+        cache = scorer.new_cache(enc["input_ids"], enc["attention_mask"])
+        ref = TorchScoringCache(model, enc["input_ids"], enc["attention_mask"])
+        blocks = torch.randint(3, len(tokenizer), (2, 5, 1))
+        assert torch.allclose(cache.score_blocks(blocks, None), ref.score_blocks(blocks, None), atol=1e-4)
+    finally:
+        registry.unregister_plugin("tiny-onnx-test-plugin")
