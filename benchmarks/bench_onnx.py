@@ -3,6 +3,7 @@
     python benchmarks/bench_onnx.py                       # shipped toxicity model, else SmolLM2 truncated to 4 layers
     python benchmarks/bench_onnx.py --layers 30           # an untrained reward model on all 30 SmolLM2 layers
     python benchmarks/bench_onnx.py --reward path/to/rm   # any reward-model directory
+    python benchmarks/bench_onnx.py --threads 1 --tag 1thread   # both runtimes on one thread
 
 A scoring step is what decoding does per token and per reward: ``score_blocks`` of k candidates over the
 shared prefix, then ``commit_choice``. Torch and ONNX steps are interleaved so that machine load (this box is
@@ -114,9 +115,14 @@ def main() -> None:
     parser.add_argument("--batches", default="1,4", help="batch sizes for the step benchmark")
     parser.add_argument("--new-tokens", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, help="intra-op threads for both torch and onnxruntime "
+                        "(default: torch's default, which onnxruntime then follows)")
     parser.add_argument("--tag", default="", help="suffix of the JSON file name")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        os.environ["STEERKIT_ONNX_THREADS"] = str(args.threads)
 
     import onnxruntime
 
@@ -144,7 +150,7 @@ def main() -> None:
         "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "steerkit": steerkit.__version__},
         "reward_model": {"directory": str(directory), "what": what, "layers": torch_model.config.num_layers,
                          "backbone": torch_model.config.backbone},
-        "onnx": {"providers": onnx_model.runtime.providers, "export_dir": str(onnx_model.directory),
+        "onnx": {"providers": onnx_model.runtime.providers, "threads": onnx_model.runtime.threads, "export_dir": str(onnx_model.directory),
                  ("export_and_load_s" if fresh else "load_s"): round(load_s, 2)},
         "step": rows, "generate": e2e,
     }

@@ -70,7 +70,7 @@ class OnnxRuntime:
 
     def __init__(self, directory: Path, manifest: dict, providers: list[str] | None = None,
                  threads: int | None = None):
-        ort = _onnxruntime()
+        ort = self._ort = _onnxruntime()
         self.num_layers = int(manifest["num_layers"])
         self.kv_heads = int(manifest["num_kv_heads"])
         self.head_dim = int(manifest["head_dim"])
@@ -79,7 +79,7 @@ class OnnxRuntime:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         threads = threads or int(os.environ.get("STEERKIT_ONNX_THREADS", "0")) or torch.get_num_threads()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = self.threads = threads
         options.inter_op_num_threads = 1
         # Do not keep spinning after a run: the LM's torch forward runs right after on the same cores.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
@@ -91,7 +91,7 @@ class OnnxRuntime:
             raise ExportError(f"onnxruntime could not load {Path(directory) / MODEL_FILE}: {exc}") from None
         self.providers = self.session.get_providers()
         self.device = torch.device("cpu")
-        self.io_binding = False
+        self.io_binding = os.environ.get("STEERKIT_ONNX_IOBINDING") == "1"
         if self.providers and self.providers[0] == CUDA:
             if torch.cuda.is_available():
                 options = dict(self.session.get_provider_options().get(CUDA, {}))
@@ -119,7 +119,9 @@ class OnnxRuntime:
         return tensors[0], tensors[1:]
 
     def _run_bound(self, inputs: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """CUDA with IO binding: inputs and outputs are torch CUDA buffers bound by pointer (untested on GPU)."""
+        """IO binding: inputs and outputs are torch buffers on :attr:`device` bound by pointer, so nothing is
+        copied between steps. Used for CUDA (untested on a GPU); on CPU only when ``STEERKIT_ONNX_IOBINDING=1``
+        (the tests exercise the binding code that way)."""
         device = self.device
         inputs = [t.to(device).contiguous() for t in inputs]
         B, n = inputs[0].shape
@@ -127,12 +129,19 @@ class OnnxRuntime:
         outputs = [torch.empty((B, n), dtype=torch.float32, device=device)] + [
             torch.empty((B, self.kv_heads, total, self.head_dim), dtype=torch.float32, device=device)
             for _ in range(2 * self.num_layers)]
-        binding = self.session.io_binding()
+        kind, index = device.type, device.index or 0
+        binding, keep = self.session.io_binding(), []
         for name, t in zip(self.input_names, inputs):
-            binding.bind_input(name, "cuda", device.index or 0, _numpy_dtype(t), tuple(t.shape), t.data_ptr())
+            if t.numel() == 0:  # the zero-length past of a prefill has no buffer to point at
+                value = self._ort.OrtValue.ortvalue_from_shape_and_type(tuple(t.shape), _numpy_dtype(t), kind, index)
+                keep.append(value)
+                binding.bind_ortvalue_input(name, value)
+            else:
+                binding.bind_input(name, kind, index, _numpy_dtype(t), tuple(t.shape), t.data_ptr())
         for name, t in zip(self.output_names, outputs):
-            binding.bind_output(name, "cuda", device.index or 0, np.float32, tuple(t.shape), t.data_ptr())
-        torch.cuda.synchronize(device)  # inputs written by torch's stream are complete before ORT reads them
+            binding.bind_output(name, kind, index, np.float32, tuple(t.shape), t.data_ptr())
+        if kind == "cuda":
+            torch.cuda.synchronize(device)  # inputs written on torch's stream are complete before ORT reads them
         with self._lock:
             self.session.run_with_iobinding(binding)
         binding.synchronize_outputs()
@@ -249,6 +258,7 @@ class OnnxScoringCache:
 
     def score_blocks(self, blocks: torch.Tensor, block_mask: torch.Tensor | None = None) -> torch.Tensor:
         self._pending = None
+        device = blocks.device  # rewards go back where the candidates came from (the LM's device)
         blocks = blocks.to(self.device)
         B, k, m = blocks.shape
         block_mask = (torch.ones_like(blocks, dtype=torch.bool) if block_mask is None
@@ -259,7 +269,7 @@ class OnnxScoringCache:
         rewards, presents = self._forward(blocks.reshape(B, k * m), position_ids, allowed)
         self._pending = (k, m, block_mask, presents)
         last = (block_mask.long().sum(-1) - 1).clamp(min=0)  # [B, k]
-        return rewards.reshape(B, k, m).gather(-1, last[..., None]).squeeze(-1)
+        return rewards.reshape(B, k, m).gather(-1, last[..., None]).squeeze(-1).to(device)
 
     def commit_choice(self, choice: torch.Tensor) -> None:
         if self._pending is None:

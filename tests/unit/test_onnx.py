@@ -60,8 +60,13 @@ def test_export_writes_manifest_describing_the_graph(exported, reward_model):
     assert manifest["tokenizer"]["reference"] == reward_model.config.backbone
 
 
-def test_cache_parity_with_torch_over_twelve_steps_with_rollback(exported, reward_model, tokenizer):
+@pytest.mark.parametrize("io_binding", [False, True], ids=["run", "io-binding"])
+def test_cache_parity_with_torch_over_twelve_steps_with_rollback(exported, reward_model, tokenizer, io_binding,
+                                                                 monkeypatch):
+    # io-binding: the pointer-binding path used for CUDA, exercised here on CPU buffers
+    monkeypatch.setenv("STEERKIT_ONNX_IOBINDING", "1" if io_binding else "0")
     onnx_model = OnnxRewardModel(exported, tokenizer=tokenizer)
+    assert onnx_model.runtime.io_binding is io_binding
     enc = reward_model.encode(UNEVEN)  # uneven prompts, left padded; the empty one is just the start token
     ref = TorchScoringCache(reward_model, enc["input_ids"], enc["attention_mask"])
     ours = OnnxScoringCache(onnx_model, enc["input_ids"], enc["attention_mask"])
