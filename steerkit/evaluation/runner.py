@@ -327,7 +327,8 @@ class EvalRunner:
                         row["scorers"][name] = M.attribute_metrics(info["measures"], [s["scores"] for s in sc],
                                                                    info["threshold"])
                 results.append(row)
-        result = {"task": cfg.task, "lm": cfg.lm, "eval_lm": cfg.eval_lm if cfg.fluency else None,
+        result = {"task": cfg.task, "lm": cfg.lm if self._lm is None else "injected",
+                  "eval_lm": eval_lm if cfg.fluency else None,
                   "num_continuations": cfg.num_continuations, "max_new_tokens": cfg.max_new_tokens,
                   "dist_normalize": cfg.dist_normalize, "scorers": scorer_info, "results": results,
                   "prompt_sets": {p.name: {"path": p.path, "field": p.field, "requested": len(self.prompts[p.name])}

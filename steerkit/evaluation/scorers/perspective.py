@@ -124,10 +124,10 @@ class PerspectiveScorer(BaseScorer):
                 out.append(0.0)
                 continue
             key = self.key(text)
-            cached = self.cache.get(key) if self.cache else None
+            cached = self.cache.get(key) if self.cache is not None else None
             if cached is None:
                 cached = self._request(text)
-                if self.cache:
+                if self.cache is not None:
                     self.cache.put(key, cached)
             out.append(cached)
         return out
