@@ -128,7 +128,7 @@ def score(
 
 
 # Commands that live with their own concept register themselves on `app` when imported.
-for _module in ("steerkit.training.cli", "steerkit.registry_cli", "steerkit.export_cli", "steerkit.evaluation.cli"):
+for _module in ("steerkit.setup_cli", "steerkit.training.cli", "steerkit.registry_cli", "steerkit.export_cli", "steerkit.evaluation.cli"):
     try:
         importlib.import_module(_module)
     except ModuleNotFoundError as exc:  # a part not built yet, or an optional dependency missing
