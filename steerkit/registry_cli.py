@@ -38,18 +38,20 @@ def plugins(
         console.print("No steerkit plugins installed. Install the bundled ones with "
                       "`pip install ./plugins/steerkit-toxicity ./plugins/steerkit-sentiment`.")
         return
-    table = Table("plugin", "version", "rewards", "scorers", "status", title="steerkit plugins")
+    table = Table("plugin", "version", "provides", "description", title="steerkit plugins")
+    by_plugin: dict[str, list] = {}
+    for reg in [*rewards, *scorers]:
+        by_plugin.setdefault(reg.plugin, []).append(reg)
     for info in infos:
-        status = "[green]ok[/]" if info.loaded and not info.errors else (
-            "[yellow]partial[/]" if info.loaded else "[red]not loaded[/]")
         version = info.version or "-"
         if info.distribution and info.distribution != info.name:
             version = f"{info.distribution} {version}"
-        table.add_row(info.name, version, ", ".join(info.rewards) or "-", ", ".join(info.scorers) or "-", status)
+        regs = by_plugin.get(info.name) or [None]
+        for i, reg in enumerate(regs):
+            provides = f"{reg.kind} [bold]{reg.name}[/]" if reg else ("[red]failed to load[/]" if not info.loaded else "-")
+            table.add_row(info.name if i == 0 else "", version if i == 0 else "", provides,
+                          reg.description if reg else "")
     console.print(table)
-    described = [(r.kind, r.name, r.description) for r in [*rewards, *scorers] if r.description]
-    for kind, name, description in described:
-        console.print(f"  {kind} [bold]{name}[/]: {description}")
     for info in infos:
         for error in info.errors:
             console.print(f"[red]{info.name}[/]: {error}", highlight=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -32,6 +34,11 @@ def make_tokenizer(vocab_size: int = 300, kind: str = "bpe") -> PreTrainedTokeni
         byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
         trainer = trainers.BpeTrainer(vocab_size=vocab_size + 256, special_tokens=special + byte_tokens)
     tok.train_from_iterator(CORPUS, trainer)
+    if kind != "bpe":  # byte tokens are vocabulary (as in Llama/Gemma), not special: decode(skip_special_tokens) keeps them
+        data = json.loads(tok.to_str())
+        for added in data["added_tokens"]:
+            added["special"] = added["content"] in special
+        tok = Tokenizer.from_str(json.dumps(data))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
     fast.padding_side = "left"
     return fast

@@ -1,0 +1,301 @@
+"""Tokenizer bridging: a reward model whose tokenizer differs from the language model's.
+
+The reward model (RM) must score exactly what it would score from scratch: the row's text
+``prefix + decode(generated LM ids + candidate)`` tokenized with the RM's own tokenizer. Doing that
+from scratch for k candidates at every step costs O(k·L); this session keeps it incremental:
+
+* **Stable boundary.** Per row, the RM cache holds the RM tokens of the committed text up to a *stable
+  boundary* ``S`` (a character offset). ``S`` is always the start of a whitespace run that is followed
+  by a non-space character, chosen so that re-tokenizing confirms the split:
+  ``rm(T[P:S]) + rm(T[S:]) == rm(T[P:])`` (``P`` the previous boundary, ``T`` the committed text).
+  Pre-tokenizers of the byte-level BPE and SentencePiece/Metaspace families never merge across such a
+  boundary, so text appended later cannot change the tokens before it.
+* **Candidates.** The text after ``S`` (the *unstable tail*) plus each candidate's text is re-tokenized
+  with the RM tokenizer and the k results are scored as k blocks in one shared-prefix forward
+  (:meth:`ScoringCache.score_blocks`): each block sees the cached prefix and itself.
+* **Candidate text** is ``decode(ids + [c]) − decode(ids)`` over a short window of the last LM ids, never
+  a candidate decoded on its own (byte-level tokens and SentencePiece word starts only decode right in
+  context). Incomplete UTF-8 (a multi-byte character split across LM tokens decodes to U+FFFD) is
+  handled by the same difference: a candidate may *replace* trailing characters of the committed text
+  (``"caf\\ufffd"`` → ``"café"``). Boundaries never fall inside trailing U+FFFD runs, so those characters
+  always sit in the unstable tail.
+* **Commit.** The chosen block's KV is kept (:meth:`commit_choice`), the boundary advances, and the cache
+  is rolled back (:meth:`rollback`) to the new boundary; any disagreement (a token that was not a
+  candidate, an unexpected tokenization) is repaired by rolling back to the longest common prefix and
+  appending the right tokens, so the cache always equals a from-scratch tokenization of ``T[:S]``.
+
+The per-row work that remains is string work the tokenizers need anyway (batched decode and encode
+calls); the model runs one forward per step for all B·k candidates, as in the same-tokenizer case.
+"""
+
+from __future__ import annotations
+
+import os.path
+import re
+
+import torch
+
+REPLACEMENT = "\ufffd"
+_BOUNDARY = re.compile(r"(?<=\S)\s+(?=\S)")
+
+
+class BridgedSession:
+    """A :class:`~steerkit.rewards.base.RewardSession` for a reward model from another tokenizer family."""
+
+    #: LM tokens of left context decoded together with each candidate (widened when it starts mid-character)
+    window = 4
+    #: most recent whitespace boundaries tried per commit when advancing the stable boundary
+    max_boundary_tries = 3
+
+    def __init__(self, scorer, texts: list[str], lm_tokenizer):
+        self.scorer = scorer
+        self.model = scorer.model
+        self.rm_tokenizer = scorer.model.tokenizer
+        self.lm_tokenizer = lm_tokenizer
+        self.pad_token_id = lm_tokenizer.pad_token_id
+        rm_pad = self.rm_tokenizer.pad_token_id
+        self.rm_pad_id = rm_pad if rm_pad is not None else 0
+        B = len(texts)
+        self.prefixes = list(texts)
+        self.texts = list(texts)  # committed text T per row: prefix + decode(lm_ids)
+        self.lm_ids: list[list[int]] = [[] for _ in range(B)]
+        self.stable = [0] * B  # boundary S per row (characters of T covered by the cache)
+        self.cached = [0] * B  # RM tokens in the cache after the start token (= len(rm(T[:S])))
+        self._pending = None
+        self._empty_rewards: dict[str, float] = {}
+        self._byte_tokens: dict[int, bool] = {}
+        rows = list(range(B))
+        found = self._choose_boundaries(rows, {b: None for b in rows})
+        heads = []
+        for b in rows:
+            self.stable[b], head = found[b]
+            self.cached[b] = len(head)
+            heads.append(head)
+        ids, mask = self._left_padded(heads)
+        self.cache = scorer.new_cache(ids, mask)
+
+    # -- tokenizers ---------------------------------------------------------------------------------
+    def _rm_encode(self, texts: list[str]) -> list[list[int]]:
+        if not texts:
+            return []
+        return self.rm_tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def _decode(self, sequences: list[list[int]]) -> list[str]:
+        if not sequences:
+            return []
+        return self.lm_tokenizer.batch_decode(sequences, skip_special_tokens=True)
+
+    def _left_padded(self, rows: list[list[int]]):
+        start = self.model.config.start_token_id
+        rows = [[start] + r for r in rows]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.rm_pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
+            mask[i, width - len(r):] = 1
+        return ids, mask
+
+    # -- candidate texts ----------------------------------------------------------------------------
+    def _windows(self, rows: list[int]) -> tuple[list[list[int]], list[str]]:
+        """A window of trailing LM ids per row, wide enough that its decoding starts on a clean character."""
+        windows, bases = {}, {}
+        todo = {b: self._byte_run_start(b, min(len(self.lm_ids[b]), self.window)) for b in rows}
+        while todo:
+            seqs = {b: self.lm_ids[b][len(self.lm_ids[b]) - w:] for b, w in todo.items()}
+            decoded = dict(zip(seqs, self._decode(list(seqs.values()))))
+            nxt = {}
+            for b, w in todo.items():
+                text = decoded[b].rstrip(REPLACEMENT)
+                if w == len(self.lm_ids[b]) or (text and text[0] != REPLACEMENT):
+                    windows[b], bases[b] = seqs[b], decoded[b]
+                else:  # starts inside a multi-byte character (or is all partial bytes): widen
+                    nxt[b] = self._byte_run_start(b, min(len(self.lm_ids[b]), 2 * w))
+            todo = nxt
+        return [windows[b] for b in rows], [bases[b] for b in rows]
+
+    def _byte_run_start(self, b: int, width: int) -> int:
+        """Widen a window of ``width`` trailing ids so it does not start inside a run of byte-fallback tokens.
+
+        SentencePiece-style byte fallback (``<0xE2>``) decodes each run of byte tokens as a whole: one invalid
+        byte turns the entire run into U+FFFD, so a window must hold the whole run to decode like the full text.
+        """
+        ids = self.lm_ids[b]
+        start = len(ids) - width
+        while 0 < start < len(ids) and self._is_byte(ids[start]) and self._is_byte(ids[start - 1]):
+            start -= 1
+        return len(ids) - start
+
+    def _is_byte(self, token_id: int) -> bool:
+        flag = self._byte_tokens.get(token_id)
+        if flag is None:
+            piece = self.lm_tokenizer.convert_ids_to_tokens(token_id)
+            flag = self._byte_tokens[token_id] = bool(
+                isinstance(piece, str) and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"))
+        return flag
+
+    def _extensions(self, rows: list[int], candidates: list[list[int]]) -> list[list[tuple[int, str]]]:
+        """For each row and candidate: (characters of T replaced, text appended), from a windowed decode."""
+        windows, bases = self._windows(rows)
+        seqs = [w + [c] for w, cands in zip(windows, candidates) for c in cands]
+        decoded = iter(self._decode(seqs))
+        out = []
+        for b, base, cands in zip(rows, bases, candidates):
+            row = []
+            for _ in cands:
+                d = next(decoded)
+                if d.startswith(base):
+                    row.append((0, d[len(base):]))
+                else:  # the candidate completes (or otherwise changes) trailing characters
+                    p = len(os.path.commonprefix([base, d]))
+                    row.append((len(base) - p, d[p:]))
+            out.append(row)
+        return out
+
+    # -- stable boundaries --------------------------------------------------------------------------
+    def _choose_boundaries(self, rows: list[int], tails: dict[int, list[int] | None]):
+        """New boundary per row, searched after the current one: ``{b: (S, rm(T[P:S]))}``.
+
+        ``tails[b]`` is ``rm(T[P:])`` when already known (the chosen block), else None.
+        """
+        unknown = [b for b in rows if tails[b] is None]
+        for b, ids in zip(unknown, self._rm_encode([self.texts[b][self.stable[b]:] for b in unknown])):
+            tails[b] = ids
+        trials = []
+        for b in rows:
+            text, start = self.texts[b], self.stable[b]
+            tail = text[start:].rstrip(REPLACEMENT)
+            spots = [start + m.start() for m in _BOUNDARY.finditer(tail)]
+            trials += [(b, s) for s in reversed(spots[-self.max_boundary_tries:])]
+        pieces = []
+        for b, s in trials:
+            pieces += [self.texts[b][self.stable[b]:s], self.texts[b][s:]]
+        encoded = self._rm_encode(pieces)
+        result = {b: (self.stable[b], []) for b in rows}
+        done = set()
+        for i, (b, s) in enumerate(trials):  # latest boundary first; the first that re-tokenizes cleanly wins
+            if b in done:
+                continue
+            head, rest = encoded[2 * i], encoded[2 * i + 1]
+            if head + rest == tails[b]:
+                result[b] = (s, head)
+                done.add(b)
+        return result
+
+    def _retreat(self, rows: list[int], extra: list[int] | None = None) -> None:
+        """Drop rows' whole stable part from the cache (fallback when the committed prefix changed)."""
+        counts = torch.zeros(len(self.texts), dtype=torch.long)
+        for i, b in enumerate(rows):
+            counts[b] = self.cached[b] + (extra[i] if extra else 0)
+            self.stable[b], self.cached[b] = 0, 0
+        if counts.any():
+            self.cache.rollback(counts)
+
+    # -- session API --------------------------------------------------------------------------------
+    def score(self, candidates: torch.Tensor) -> torch.Tensor:
+        B, k = candidates.shape
+        cands = candidates.tolist()
+        rows = list(range(B))
+        ext = self._extensions(rows, cands)
+        # a candidate that rewrites text before the stable boundary (never expected) forces a full re-encode
+        bad = [b for b in rows if max(d for d, _ in ext[b]) > len(self.texts[b]) - self.stable[b]]
+        if bad:
+            self._retreat(bad)
+        new_texts, block_texts = [], []
+        for b in rows:
+            T, S = self.texts[b], self.stable[b]
+            tail = T[S:]
+            new_texts.append([T[: len(T) - d] + a for d, a in ext[b]])
+            block_texts += [tail[: len(tail) - d] + a for d, a in ext[b]]
+        blocks = self._rm_encode(block_texts)
+        m = max(1, max(len(x) for x in blocks))
+        ids = torch.full((B * k, m), self.rm_pad_id, dtype=torch.long)
+        mask = torch.zeros((B * k, m), dtype=torch.bool)
+        for i, x in enumerate(blocks):
+            if x:
+                ids[i, : len(x)] = torch.tensor(x, dtype=torch.long)
+                mask[i, : len(x)] = True
+        rewards = self.cache.score_blocks(ids.view(B, k, m), mask.view(B, k, m)).float()
+        empty = [i for i, x in enumerate(blocks) if not x]
+        if empty:  # nothing after the boundary: the reward of the cached prefix itself (only when T is "")
+            flat = rewards.view(-1)
+            for i in empty:
+                flat[i] = self._empty_reward(new_texts[i // k][i % k])
+        self._pending = {"candidates": cands, "texts": new_texts,
+                         "blocks": [blocks[b * k:(b + 1) * k] for b in rows]}
+        return rewards
+
+    def _empty_reward(self, text: str) -> float:
+        if text not in self._empty_rewards:
+            self._empty_rewards[text] = float(self.model.score_texts([text])[0])
+        return self._empty_rewards[text]
+
+    def commit(self, tokens: torch.Tensor) -> None:
+        toks = [int(t) for t in tokens.tolist()]
+        pending, self._pending = self._pending, None
+        B = len(toks)
+        choice, kept, tails = [0] * B, [[] for _ in range(B)], {}
+        forced, idle = [], []
+        for b, t in enumerate(toks):
+            if pending is not None:
+                kept[b] = pending["blocks"][b][0]
+            if pending is not None and t in pending["candidates"][b]:
+                j = pending["candidates"][b].index(t)
+                choice[b], kept[b] = j, pending["blocks"][b][j]
+                self.texts[b] = pending["texts"][b][j]
+                self.lm_ids[b].append(t)
+                tails[b] = kept[b]  # rm(T[S:]) is exactly the chosen block
+            elif t == self.pad_token_id:
+                idle.append(b)  # a finished row padded by the decoder: its text does not change
+            else:
+                forced.append(b)  # a token that was not a candidate (forced by the caller)
+        if pending is not None:
+            self.cache.commit_choice(torch.tensor(choice, dtype=torch.long))
+        if forced:
+            ext = self._extensions(forced, [[toks[b]] for b in forced])
+            retreat = []
+            for b, [(d, a)] in zip(forced, ext):
+                T = self.texts[b]
+                self.texts[b] = T[: len(T) - d] + a
+                self.lm_ids[b].append(toks[b])
+                tails[b] = None
+                if d > len(T) - self.stable[b]:
+                    retreat.append(b)
+            if retreat:
+                self._retreat(retreat, [len(kept[b]) for b in retreat])
+                for b in retreat:
+                    kept[b] = []
+        for b in idle:
+            tails[b] = None
+        rows = [b for b in range(B) if b in tails]
+        chosen = self._choose_boundaries(rows, tails) if rows else {}
+        counts = torch.zeros(B, dtype=torch.long)
+        appends = [[] for _ in range(B)]
+        for b in range(B):
+            target = chosen[b][1] if b in chosen else []
+            n = _common_prefix(kept[b], target)
+            counts[b] = len(kept[b]) - n
+            appends[b] = target[n:]
+            if b in chosen:
+                self.stable[b] = chosen[b][0]
+            self.cached[b] += len(target)
+        if counts.any():
+            self.cache.rollback(counts)
+        width = max(len(a) for a in appends)
+        if width:
+            ids = torch.full((B, width), self.rm_pad_id, dtype=torch.long)
+            mask = torch.zeros((B, width), dtype=torch.bool)
+            for b, a in enumerate(appends):
+                if a:
+                    ids[b, : len(a)] = torch.tensor(a, dtype=torch.long)
+                    mask[b, : len(a)] = True
+            self.cache.append(ids, mask)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
