@@ -57,7 +57,7 @@ def generate(
     backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch or onnx."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="SteeringConfig YAML/TOML file."),
     prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="One prompt per line."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size"),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Rows decoded together (progress per batch)."),
     traces: bool = typer.Option(False, "--traces", help="Include per-step traces in --json output."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output (see docs/cli.md)."),
 ):

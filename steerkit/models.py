@@ -194,11 +194,14 @@ def resolve(reference: str | os.PathLike) -> ModelSource:
         return ModelSource(ref, "directory", str(path.resolve()), _directory_fingerprint(path))
     if path.exists():
         raise ModelNotFoundError(f"{path} is neither a directory nor a .gguf file.")
+    if ref.startswith("hf:") and len(ref) > 3:  # explicit hub id, also for ids without an owner ("hf:gpt2")
+        return ModelSource(ref, "hub", ref[3:], f"hub:{ref[3:]}")
     if "/" in ref and not ref.startswith((".", "/", "~")) and ref.count("/") == 1:
         return ModelSource(ref, "hub", ref, f"hub:{ref}")
     raise ModelNotFoundError(
         f"Unknown model reference {ref!r}. Use a packaged name ({', '.join(PACKAGED_MODELS)}), "
-        "a local directory, a .gguf file, or a Hugging Face hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct'."
+        "a local directory, a .gguf file, or a Hugging Face hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct' "
+        "(prefix ids without an owner with 'hf:', e.g. 'hf:gpt2')."
     )
 
 
