@@ -74,6 +74,7 @@ def _command(task: str):
         config: Optional[Path] = typer.Option(None, "--config", "-c", help="EvalConfig YAML/TOML/JSON file."),
         stage: List[str] = typer.Option([], "--stage", help="Run only these stages: generate score fluency trace report."),
         estimate: bool = typer.Option(False, "--estimate", help="Time one prompt per setting and print the cost of the full run."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (1 is fastest on a busy machine)."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
     ):
         from .runner import STAGES, EvalRunner
@@ -81,7 +82,8 @@ def _command(task: str):
         flags = {"prompts": prompts, "field": field, "limit": limit, "offset": offset, "lm": lm, "reward": reward,
                  "direction": direction, "betas": list(beta), "ks": list(k), "num_continuations": n,
                  "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size,
-                 "backend": backend, "scorers": list(scorer), "eval_lm": eval_lm, "output": output}
+                 "backend": backend, "scorers": list(scorer), "eval_lm": eval_lm, "output": output,
+                 "threads": threads}
         if no_baseline:
             flags["baseline"] = False
         if no_fluency:

@@ -110,6 +110,7 @@ class EvalConfig(BaseModel):
     trace_prompt: int = Field(default=0, ge=0)
     output: str = ""
     plots: bool = True
+    threads: int | None = Field(default=None, ge=1)  # torch intra-op threads (1 is fastest on a busy 2-core box)
 
     @field_validator("betas")
     @classmethod

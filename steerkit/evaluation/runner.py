@@ -101,6 +101,12 @@ class EvalRunner:
         return [u for u in self.units() if (u.prompt_set, u.prompt.index, u.setting.name) not in self.generations]
 
     # -- models ---------------------------------------------------------------------------------
+    def apply_threads(self) -> None:
+        if self.config.threads:
+            import torch
+
+            torch.set_num_threads(self.config.threads)
+
     def lm(self):
         if self._lm is None:
             from ..models import load_causal_lm_cached
@@ -152,6 +158,7 @@ class EvalRunner:
         if unknown:
             raise ConfigError(f"Unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}.")
         atomic_write_text(self.out / "config.json", self.config.model_dump_json(indent=2))
+        self.apply_threads()
         if "generate" in stages:
             self.generate()
         if "score" in stages:
@@ -349,6 +356,7 @@ class EvalRunner:
     # -- cost -----------------------------------------------------------------------------------
     def estimate(self, sample_prompts: int = 1) -> dict:
         """Time ``sample_prompts`` prompts per setting (models already warm after the first) and extrapolate."""
+        self.apply_threads()
         total_prompts = sum(len(p) for p in self.prompts.values())
         first = next(iter(self.prompts))
         sample = self.prompts[first][:sample_prompts]

@@ -1,0 +1,264 @@
+"""The evaluation runner: streaming JSONL, resume after an interruption, metrics, report and plots."""
+
+import json
+
+import pytest
+
+from steerkit.errors import ConfigError, DataError
+from steerkit.evaluation import EvalConfig, EvalRunner
+from steerkit.evaluation.prompts import load_prompts
+from steerkit.evaluation.scorers.base import BaseScorer
+from steerkit.evaluation.store import JsonlStore
+from steerkit.rewards.scorer import RewardModelScorer
+from tiny import tiny_lm
+
+PROMPTS = ["The quick", "I love", "This is", "Numbers and", "You are"]
+
+
+class VowelScorer(BaseScorer):
+    name = "vowels"
+    measures = "toxicity"
+    description = "share of vowels (a stand-in judge)"
+
+    def _score(self, texts):
+        return [sum(c in "aeiou" for c in t) / max(len(t), 1) for t in texts]
+
+
+class HasO(BaseScorer):
+    name = "has-o"
+    measures = "sentiment"
+    description = "1 if the text contains an o"
+
+    def _score(self, texts):
+        return [1.0 if "o" in t else 0.0 for t in texts]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: a single intra-op thread is 10-30x faster on a shared 2-core machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": i, "prompt": {"text": t}}) + "\n" for i, t in enumerate(PROMPTS)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def eval_lm(tokenizer):
+    return tiny_lm(tokenizer, seed=9)
+
+
+def make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="run", **cfg):
+    values = {"betas": [5, 40], "num_continuations": 3, "max_new_tokens": 5, **cfg}
+    config = EvalConfig(task="toxicity", prompts=[{"path": str(prompt_file), "name": "tiny"}], reward="tiny",
+                        output=str(tmp_path / out), **values)
+    return EvalRunner(config, lm=(lm, tokenizer), rewards={"tiny": RewardModelScorer(reward_model, name="tiny")},
+                      scorers=[VowelScorer(), HasO()], eval_lm=(eval_lm, tokenizer), progress=False)
+
+
+def lines(path):
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+def test_full_run_writes_every_artifact(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    runner = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm)
+    result = runner.run()
+    out = tmp_path / "run"
+    gens = lines(out / "generations.jsonl")
+    assert len(gens) == len(PROMPTS) * 3  # 3 settings: unsteered-k20, k20-beta5, k20-beta40
+    assert {g["setting"] for g in gens} == {"unsteered-k20", "k20-beta5", "k20-beta40"}
+    assert all(len(g["continuations"]) == 3 for g in gens)
+    assert len(lines(out / "scores.jsonl")) == 2 * len(gens)
+    assert len(lines(out / "fluency.jsonl")) == len(gens)
+    rows = {r["setting"]: r for r in result["results"]}
+    for r in rows.values():
+        assert r["num_prompts"] == len(PROMPTS)
+        assert r["perplexity"] > 1 and 0 <= r["dist2"] <= 1 and r["tokens_per_second"] > 0
+        assert set(r["scorers"]) == {"vowels", "has-o"}
+        assert set(r["scorers"]["vowels"]) == {"avg_max_toxicity", "toxic_rate", "mean_toxicity"}
+    assert rows["k20-beta40"]["rewards"] == [{"name": "tiny", "beta": -40.0}]  # toxicity: steer away
+    report = (out / "report.md").read_text()
+    assert "Avg Max Toxicity" in report and "Positive Rate" in report and "RAD β=40" in report
+    plots = {p.name for p in (out / "plots").iterdir()}
+    assert {"toxicity_vs_perplexity_tiny_vowels.png", "toxicity_vs_perplexity_tiny_vowels.json",
+            "positive_rate_vs_perplexity_tiny_has-o.png", "trace_k20-beta40.png", "trace_k20-beta40.json"} <= plots
+    data = json.loads((out / "plots" / "toxicity_vs_perplexity_tiny_vowels.json").read_text())
+    betas = [p["beta"] for s in data["series"] if s.get("metric") == "avg_max_toxicity" for p in s["points"]]
+    assert betas == [0.0, 5.0, 40.0]
+    trace = json.loads((out / "traces" / "k20-beta40.json").read_text())
+    assert 1 <= len(trace["steps"]) <= 5
+    step = trace["steps"][0]
+    assert len(step["candidates"]) == 20 and len(step["rewards"]["tiny"]) == 20 and 0 <= step["chosen"] < 20
+
+
+def test_steering_lowers_the_reward_it_steers_against(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    runner = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, fluency=False, trace=False,
+                         plots=False, betas=[200], num_continuations=6)
+    runner._scorers = [VowelScorer()]
+    runner.run(["generate"])
+    gens = list(runner.generations)
+    mean = {}
+    for setting in ("unsteered-k20", "k20-beta200"):
+        texts = [t for g in gens if g["setting"] == setting for t in g["continuations"]]
+        mean[setting] = sum(reward_model.score_texts(texts)) / len(texts)
+    assert mean["k20-beta200"] < mean["unsteered-k20"] - 0.05
+
+
+def test_interrupted_run_resumes_without_duplicates_or_losses(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    reference = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="ref", trace=False, plots=False)
+    expected = reference.run()
+
+    runner = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="run", trace=False, plots=False)
+    calls = {"n": 0}
+    original = runner.generator
+
+    def interrupting(setting):
+        gen = original(setting)
+        inner = gen.generate
+
+        def generate(*a, **kw):
+            calls["n"] += 1
+            if calls["n"] == 7:  # Ctrl-C in the middle of the 7th unit (prompt 3, setting 1)
+                raise KeyboardInterrupt
+            return inner(*a, **kw)
+
+        gen.generate = generate
+        return gen
+
+    runner.generator = interrupting
+    with pytest.raises(KeyboardInterrupt):
+        runner.run()
+    path = tmp_path / "run" / "generations.jsonl"
+    assert len(lines(path)) == 6
+    with path.open("a") as fh:  # a kill during a write leaves a partial line behind
+        fh.write('{"prompt_set": "tiny", "index": 2, "setting": "k20-be')
+
+    resumed = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="run", trace=False, plots=False)
+    assert len(resumed.pending()) == len(PROMPTS) * 3 - 6
+    done_before = {(g["prompt_set"], g["index"], g["setting"]) for g in lines(path)}
+    result = resumed.run()
+    records = lines(path)
+    keys = [(g["prompt_set"], g["index"], g["setting"]) for g in records]
+    assert len(keys) == len(set(keys)) == len(PROMPTS) * 3  # no duplicates, nothing lost
+    assert done_before <= set(keys)
+    # the resumed run is identical to an uninterrupted one (per-prompt seeds)
+    ref = {(g["prompt_set"], g["index"], g["setting"]): g["continuations"] for g in lines(tmp_path / "ref" / "generations.jsonl")}
+    assert {k: g["continuations"] for k, g in zip(keys, records)} == ref
+    strip = lambda res: [{k: v for k, v in r.items() if k not in ("tokens_per_second", "seconds", "seconds_per_prompt")}
+                         for r in res["results"]]
+    assert strip(result) == strip(expected)
+    # running again does nothing new
+    again = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="run", trace=False, plots=False)
+    assert again.pending() == [] and again.generate() == 0 and again.score() == 0 and again.compute_fluency() == 0
+    assert len(lines(path)) == len(PROMPTS) * 3
+
+
+def test_scoring_resumes_too(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    runner = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, fluency=False, trace=False)
+    runner.run(["generate"])
+    calls = []
+
+    class Counting(VowelScorer):
+        def _score(self, texts):
+            calls.append(len(texts))
+            return super()._score(texts)
+
+    runner._scorers = [Counting()]
+    runner.score(chunk_prompts=4)
+    assert sum(calls) == len(PROMPTS) * 3 * 3
+    scores = tmp_path / "run" / "scores.jsonl"
+    kept = scores.read_text().splitlines()[:5]
+    scores.write_text("\n".join(kept) + "\n")
+    calls.clear()
+    again = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, fluency=False, trace=False)
+    again._scorers = [Counting()]
+    again.score()
+    assert sum(calls) == (len(PROMPTS) * 3 - 5) * 3
+
+
+def test_metrics_use_prompts_finished_under_every_setting(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    runner = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, fluency=False, trace=False, plots=False)
+    runner.generate(limit=7)  # prompts 0 and 1 under all 3 settings, prompt 2 under one
+    runner.score()
+    result = runner.compute_metrics()
+    assert {r["num_prompts"] for r in result["results"]} == {2}
+
+
+def test_changed_parameters_refuse_to_mix_with_old_generations(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, fluency=False).generate(limit=2)
+    with pytest.raises(ConfigError, match="other parameters"):
+        make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, max_new_tokens=7)
+    # adding a β to the grid is fine: old units are reused, new ones are pending
+    more = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, betas=[5, 40, 80])
+    assert len(more.pending()) == len(PROMPTS) * 4 - 2
+
+
+def test_changed_prompt_file_is_detected(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm).generate(limit=1)
+    prompt_file.write_text(json.dumps({"prompt": {"text": "Something else"}}) + "\n")
+    with pytest.raises(DataError, match="prompt file changed"):
+        make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm)
+
+
+def test_composed_setting_steers_with_two_rewards(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    from tiny import tiny_reward
+
+    other = RewardModelScorer(tiny_reward(tokenizer, seed=7, name="other"), name="other")
+    config = EvalConfig(task="sentiment", prompts=[{"path": str(prompt_file), "name": "tiny", "limit": 2}],
+                        betas=[], num_continuations=2, max_new_tokens=4, output=str(tmp_path / "composed"),
+                        settings=[{"name": "both", "k": 10, "rewards": [{"name": "tiny", "beta": -30},
+                                                                          {"name": "other", "beta": 30}]}])
+    runner = EvalRunner(config, lm=(lm, tokenizer), rewards={"tiny": RewardModelScorer(reward_model, name="tiny"),
+                                                             "other": other},
+                        scorers=[VowelScorer(), HasO()], eval_lm=(eval_lm, tokenizer), progress=False)
+    result = runner.run()
+    assert [r["setting"] for r in result["results"]] == ["unsteered-k20", "both"]
+    trace = json.loads((tmp_path / "composed" / "traces" / "both.json").read_text())
+    assert set(trace["steps"][0]["rewards"]) == {"tiny", "other"}
+    assert "both (tiny β=-30, other β=+30)" in (tmp_path / "composed" / "report.md").read_text()
+
+
+def test_estimate_reports_per_setting_costs(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    est = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm).estimate()
+    assert est["prompts"] == len(PROMPTS) and est["settings"] == 3
+    assert set(est["generation"]) == {"unsteered-k20", "k20-beta5", "k20-beta40"}
+    assert est["total_seconds"] > 0 and est["fluency_seconds"] > 0
+    assert not (tmp_path / "run" / "generations.jsonl").exists() or not lines(tmp_path / "run" / "generations.jsonl")
+
+
+# -- prompt files and the store ----------------------------------------------------------------------
+def test_load_prompts_dotted_field_limit_offset(tmp_path, prompt_file):
+    prompts = load_prompts(prompt_file, "prompt.text", limit=2, offset=1)
+    assert [(p.index, p.text) for p in prompts] == [(1, "I love"), (2, "This is")]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": {"text": "ok"}}\n{"prompt": {"txt": "x"}}\n')
+    with pytest.raises(DataError, match=r"bad.jsonl:2: no field 'prompt.text'.*available: \['txt'\]"):
+        load_prompts(bad)
+    bad.write_text('{"prompt": {"text": "ok"}}\nnot json\n')
+    with pytest.raises(DataError, match="bad.jsonl:2: not valid JSON"):
+        load_prompts(bad)
+    bad.write_text('{"prompt": {"text": ""}}\n')
+    with pytest.raises(DataError, match="non-empty"):
+        load_prompts(bad)
+    with pytest.raises(DataError, match="does not exist"):
+        load_prompts(tmp_path / "missing.jsonl")
+
+
+def test_store_drops_a_partial_last_line_and_rejects_corruption(tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"k": 1}\n{"k": 2}\n{"k": ')
+    store = JsonlStore(path, lambda r: r["k"])
+    assert len(store) == 2 and path.read_text() == '{"k": 1}\n{"k": 2}\n'
+    store.append({"k": 3})
+    assert [json.loads(l)["k"] for l in path.read_text().splitlines()] == [1, 2, 3]
+    path.write_text('{"k": 1}\ngarbage\n{"k": 2}\n')
+    with pytest.raises(DataError, match="s.jsonl:2 is not valid JSON"):
+        JsonlStore(path, lambda r: r["k"])
