@@ -53,8 +53,8 @@ def _reward(reward: str, **options):
 
 
 BUILTIN_SCORERS = {
-    "tox-block": (_tox_block, "toxicity: BiLSTM trained on Jigsaw 2018 (offline; extra eval-toxicity: tensorflow-cpu, tf-keras)"),
-    "alt-profanity-check": (_profanity, "toxicity: TF-IDF + linear SVM on Davidson + Jigsaw (offline, fast; extra eval-toxicity)"),
+    "tox-block": (_tox_block, "toxicity: BiLSTM trained on Jigsaw 2018 (offline; extra eval-tox-block: tensorflow-cpu, tf-keras)"),
+    "alt-profanity-check": (_profanity, "toxicity: TF-IDF + linear SVM on Davidson + Jigsaw (offline, fast; extra eval)"),
     "vader": (_vader, "sentiment: VADER lexicon, (compound+1)/2 (offline; extra eval)"),
     "textblob": (_textblob, "sentiment: TextBlob pattern lexicon, (polarity+1)/2 (offline; extra eval)"),
     "hf-classifier": (_hf_classifier, "any HF sequence classifier: hf-classifier:MODEL,label=POSITIVE,measures=sentiment"),

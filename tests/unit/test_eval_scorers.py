@@ -134,7 +134,7 @@ def test_textblob_orders_positive_above_negative():
     assert pos > 0.5 > neg
 
 
-@pytest.mark.skipif(not has("profanity_check"), reason="alt-profanity-check not installed: pip install 'steerkit[eval-toxicity]'")
+@pytest.mark.skipif(not has("profanity_check"), reason="alt-profanity-check not installed: pip install 'steerkit[eval]'")
 def test_alt_profanity_check_flags_profanity():
     s = load_scorer("alt-profanity-check")
     bad, good = s.score(["you are a fucking idiot", "have a nice day"])
@@ -142,7 +142,7 @@ def test_alt_profanity_check_flags_profanity():
 
 
 @pytest.mark.skipif(not (has("tox_block") and has("tf_keras")),
-                    reason="tox-block + tf-keras not installed: pip install 'steerkit[eval-toxicity]'")
+                    reason="tox-block + tf-keras not installed: pip install 'steerkit[eval-tox-block]'")
 def test_tox_block_reproduces_the_packaged_model():
     s = load_scorer("tox-block")
     bad, good = s.score(["I will kill you, you fucking idiot!", "What a lovely day."])

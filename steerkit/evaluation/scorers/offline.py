@@ -25,8 +25,8 @@ from pathlib import Path
 from ...errors import PluginError
 from .base import BaseScorer, require_package
 
-TOX_BLOCK_INSTALL = 'pip install "steerkit[eval-toxicity]"  (tox-block tensorflow-cpu tf-keras)'
-PROFANITY_INSTALL = 'pip install "steerkit[eval-toxicity]"  (alt-profanity-check scikit-learn==1.9.1)'
+TOX_BLOCK_INSTALL = 'pip install "steerkit[eval-tox-block]"  (tox-block tensorflow-cpu tf-keras)'
+PROFANITY_INSTALL = 'pip install "steerkit[eval]"  (alt-profanity-check, scikit-learn==1.9.1)'
 VADER_INSTALL = 'pip install "steerkit[eval]"  (vaderSentiment)'
 TEXTBLOB_INSTALL = 'pip install "steerkit[eval]"  (textblob)'
 
