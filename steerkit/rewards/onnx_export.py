@@ -156,7 +156,15 @@ def _require(module: str):
 
 def _make_tmp_dir(out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp"))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the export is an ordinary directory
+    return tmp
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def export_onnx(model: RewardModel, out_dir: str | os.PathLike, *, source_hash: str | None = None,
@@ -239,6 +247,7 @@ def export_onnx(model: RewardModel, out_dir: str | os.PathLike, *, source_hash: 
             _check_against_torch(tmp, wrapper, names_in, model)
         manifest["exported_with"]["seconds"] = round(time.perf_counter() - started, 2)
         atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2))
+        os.chmod(tmp / MANIFEST_NAME, 0o666 & ~_umask())
         _publish(tmp, out)
     finally:
         if tmp.exists():
