@@ -232,3 +232,27 @@ def test_registered_reward_exports_by_name_and_runs_with_onnx(reward_dir, tmp_pa
         assert torch.allclose(cache.score_blocks(blocks, None), ref.score_blocks(blocks, None), atol=1e-4)
     finally:
         registry.unregister_plugin("tiny-onnx-test-plugin")
+
+
+def test_gemma3_architecture_exports_with_parity(tokenizer, tmp_path, steerkit_cache):
+    """Gemma 3 (q/k norms, scaled embeddings, sliding-window layer types) through the same export."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=8, sliding_window=64,
+                              max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
+                              bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    rm = RewardModel.from_causal_lm(Gemma3ForCausalLM(config).eval(), tokenizer, name="tiny-gemma3")
+    torch.nn.init.normal_(rm.head.weight, std=0.5)
+    onnx_model = OnnxRewardModel(export_onnx(rm, tmp_path / "gemma3"), tokenizer=tokenizer)
+    enc = rm.encode(UNEVEN)
+    ref = TorchScoringCache(rm, enc["input_ids"], enc["attention_mask"])
+    ours = OnnxScoringCache(onnx_model, enc["input_ids"], enc["attention_mask"])
+    g = torch.Generator().manual_seed(1)
+    for _ in range(10):
+        blocks = torch.randint(3, len(tokenizer), (len(UNEVEN), 5, 1), generator=g)
+        assert torch.allclose(ref.score_blocks(blocks, None), ours.score_blocks(blocks, None), atol=1e-4)
+        choice = torch.randint(0, 5, (len(UNEVEN),), generator=g)
+        ref.commit_choice(choice)
+        ours.commit_choice(choice)
