@@ -261,9 +261,9 @@ class Registry:
         lines.append(f"Registered {kind}s: {', '.join(available) if available else '(none)'}.")
         if kind == "reward":
             lines.append("A reward can also be the path to a trained reward-model directory (e.g. ./runs/toxicity).")
-        broken = [f"{p.name}: {p.errors[0]}" for p in self.plugins.values() if p.errors]
+        broken = [f"  {p.name}: {p.errors[0]}" for p in self.plugins.values() if p.errors]
         if broken:
-            lines.append("Plugins with errors: " + "; ".join(broken))
+            lines += ["Plugins with errors:", *broken]
         lines.append("Run `steerkit plugins` to see installed plugins; install reward plugins with "
                      "`pip install ./plugins/steerkit-toxicity` or any package that registers on the 'steerkit' "
                      "entry-point group.")
@@ -289,7 +289,12 @@ def _validate(kind: str, name, factory, description, plugin: str) -> Registratio
 
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+    first = text[0] if text else ""
+    if isinstance(exc, pluggy.PluginValidationError):  # a misspelled hook or a wrong hook signature
+        first = re.sub(r" in plugin <.*?>", "", first).replace("\n", " ")
+        hooks = ", ".join(n for n in dir(HookSpecs) if n.startswith("register_"))
+        return f"{first} (steerkit hooks: {hooks})"
+    return f"{type(exc).__name__}: {first}".rstrip(": ")
 
 
 def _norm(name: str) -> str:
