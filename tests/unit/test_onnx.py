@@ -125,6 +125,23 @@ def test_generate_onnx_gives_identical_tokens_to_torch(reward_dir, lm, tokenizer
     assert isinstance(scorer.new_cache(torch.tensor([[1, 5]]), torch.ones(1, 2)), OnnxScoringCache)
 
 
+def test_bridged_generate_onnx_gives_identical_tokens_to_torch(reward_dir, steerkit_cache):
+    """An LM from another tokenizer family: the bridge scores multi-token blocks and rolls the cache back."""
+    from tiny import make_tokenizer, tiny_lm
+
+    lm_tokenizer = make_tokenizer(kind="metaspace")
+    lm = tiny_lm(lm_tokenizer, seed=2)
+    kw = dict(lm=(lm, lm_tokenizer), rewards={str(reward_dir): 6.0}, k=6, max_new_tokens=10, seed=5,
+              eos_token_id=[], return_traces=True)
+    prompts = ["The quick brown", "Café déjà"]
+    torch_out = steerkit.generate(prompts, backend="torch", **kw)
+    onnx_out = steerkit.generate(prompts, backend="onnx", **kw)
+    assert torch.equal(torch_out.sequences, onnx_out.sequences)
+    for a, b in zip(torch_out.traces[0], onnx_out.traces[0]):
+        for name in a.rewards:
+            assert torch.allclose(a.rewards[name], b.rewards[name], atol=1e-4)
+
+
 def test_changed_reward_dir_gets_a_new_export(reward_dir, tmp_path, steerkit_cache):
     copy = shutil.copytree(reward_dir, tmp_path / "rm")
     first = OnnxRewardModel.load(copy)
