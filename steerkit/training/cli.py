@@ -1,0 +1,123 @@
+"""``steerkit train``: registers itself on :data:`steerkit.cli.app` when imported."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..cli import app, err
+from ..errors import ConfigError
+
+
+def _pair(value: str, flag: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in value.split(","))
+    except ValueError:
+        raise ConfigError(f"{flag} expects LOW,HIGH (e.g. -4,4), got {value!r}.") from None
+    return lo, hi
+
+
+def _source(path: str, text: str, label: Optional[str], label_value: Optional[float], transform: dict) -> dict:
+    weight = 1.0
+    if "@" in path and path.rsplit("@", 1)[1].replace(".", "", 1).isdigit():
+        path, w = path.rsplit("@", 1)
+        weight = float(w)
+    source = {"path": path, "text": text, "weight": weight, "transform": transform}
+    if label_value is not None:
+        source["label_value"] = label_value
+    else:
+        source["label"] = label or "label"
+    return source
+
+
+@app.command()
+def train(
+    config: Optional[Path] = typer.Argument(None, help="TrainConfig YAML/TOML/JSON file (flags override it)."),
+    data: List[str] = typer.Option([], "--data", "-d", help="Data file (CSV, TSV, JSONL, .txt), repeatable; "
+                                   "PATH@WEIGHT sets its mixing weight. Replaces the config's data."),
+    text: str = typer.Option("text", "--text", help="Text column or dotted JSON path for --data files."),
+    label: Optional[str] = typer.Option(None, "--label", help="Label column or dotted path (e.g. continuation.toxicity)."),
+    label_value: Optional[float] = typer.Option(None, "--label-value", help="Constant label for every --data row."),
+    rescale: Optional[str] = typer.Option(None, "--rescale", help="Map labels from LOW,HIGH to [0,1], e.g. -4,4."),
+    binary: Optional[float] = typer.Option(None, "--binary", help="Binarise labels: >= threshold -> 1."),
+    invert: bool = typer.Option(False, "--invert", help="ρ = 1 − label."),
+    eval_files: List[str] = typer.Option([], "--eval", help="Held-out test file (same columns), repeatable."),
+    data_root: Optional[str] = typer.Option(None, "--data-root", help="Root for relative data paths "
+                                            "(default: the config's data_root, else $STEERKIT_DATA_ROOT)."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Reward-model directory to write."),
+    backbone: Optional[str] = typer.Option(None, "--backbone", help="Causal LM reference (default smollm2-135m-instruct)."),
+    layers: Optional[int] = typer.Option(None, "--layers", help="Keep only the first N transformer layers."),
+    method: Optional[str] = typer.Option(None, "--method", help="lora, head or full."),
+    lora_r: Optional[int] = typer.Option(None, "--lora-r", help="LoRA rank."),
+    loss: Optional[str] = typer.Option(None, "--loss", help="cumulative (paper) or last (last-token MSE)."),
+    max_length: Optional[int] = typer.Option(None, "--max-length", help="Tokens per text incl. the start token."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps."),
+    epochs: Optional[float] = typer.Option(None, "--epochs", help="Passes over the (weighted) data, if --steps unset."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size"),
+    lr: Optional[float] = typer.Option(None, "--lr"),
+    seed: Optional[int] = typer.Option(None, "--seed"),
+    eval_every: Optional[int] = typer.Option(None, "--eval-every", help="Dev evaluation every N steps."),
+    checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every"),
+    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Default: OUTPUT.checkpoints"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads."),
+    name: Optional[str] = typer.Option(None, "--name", help="Reward name (shown in cards and traces)."),
+    attribute: Optional[str] = typer.Option(None, "--attribute", help="What ρ measures."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Discard existing checkpoints and start again."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    as_json: bool = typer.Option(False, "--json", help="Print the final metrics as JSON."),
+):
+    """Train a cached (unidirectional) reward model from labelled text."""
+    from .config import TrainConfig
+    from .trainer import train as run_training
+
+    transform = {}
+    if rescale:
+        transform["rescale"] = _pair(rescale, "--rescale")
+    if binary is not None:
+        transform["binary"] = binary
+    if invert:
+        transform["invert"] = True
+    overrides: dict = {
+        "output_dir": output, "backbone": backbone, "num_layers": layers, "method": method, "loss": loss,
+        "max_length": max_length, "steps": steps, "epochs": epochs, "batch_size": batch_size, "lr": lr,
+        "seed": seed, "eval_every": eval_every, "checkpoint_every": checkpoint_every, "threads": threads,
+        "checkpoint_dir": checkpoint_dir, "name": name, "attribute": attribute, "data_root": data_root,
+    }
+    if data:
+        overrides["data"] = [_source(p, text, label, label_value, transform) for p in data]
+    if eval_files:
+        overrides["eval"] = [_source(p, text, label, label_value, transform) for p in eval_files]
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if config is not None:
+        cfg = TrainConfig.from_file(config, overrides=overrides)
+    else:
+        if not data:
+            raise ConfigError("Give a config file or at least one --data file (see `steerkit train --help`).")
+        if "output_dir" not in overrides:
+            raise ConfigError("--output is required without a config file.")
+        cfg = TrainConfig.from_dict(overrides, source="command-line options")
+    if lora_r is not None:
+        cfg = cfg.with_overrides({"lora": {**cfg.lora.model_dump(), "r": lora_r}})
+    if data_root is None and cfg.data_root is None and os.environ.get("STEERKIT_DATA_ROOT"):
+        err.print(f"data root from $STEERKIT_DATA_ROOT: {os.environ['STEERKIT_DATA_ROOT']}")
+    try:
+        result = run_training(cfg, resume=resume, overwrite=overwrite, progress=not quiet and not as_json)
+    except KeyboardInterrupt as exc:
+        err.print(f"[yellow]interrupted:[/] {exc or 'no checkpoint written'}")
+        raise typer.Exit(130) from None
+    if as_json:
+        typer.echo(json.dumps({"output_dir": str(result.output_dir), "steps": result.steps,
+                               "train_seconds": round(result.seconds, 1),
+                               "dev": result.metrics.get("dev"), "eval": result.metrics.get("eval")}))
+        return
+    for section in ("eval", "dev"):
+        for set_name, m in (result.metrics.get(section) or {}).items():
+            auroc = "n/a" if m["auroc"] is None else f"{m['auroc']:.3f}"
+            err.print(f"{section} {set_name}: n={m['n']} mse={m['mse']:.4f} auroc={auroc} acc={m['accuracy']:.3f} "
+                      f"acc@50%={m.get('accuracy_at_50pct', float('nan')):.3f}")
+    typer.echo(str(result.output_dir))

@@ -1,0 +1,449 @@
+"""Training data: read CSV / TSV / JSONL / plain-text files into (text, label) examples.
+
+Every problem a user can cause raises :class:`~steerkit.errors.DataError` naming the file, the line and
+what is wrong (missing column, non-UTF-8 bytes, empty file, a label that is not a number, NaN, or out of
+[0, 1] after the transform, an empty text). All files are read and validated before training starts, so
+a bad row never interrupts a run half way.
+
+Labels are turned into ρ targets in [0, 1] by a :class:`LabelTransform` (``map`` raw values, ``rescale``
+a range such as [-4, 4], ``binary`` threshold, ``invert``). Several sources are mixed with weights
+(:func:`epoch_indices`), de-duplicated on a normalised form of the text, and split into train / dev with
+a seeded, per-source split (:func:`build_dataset`).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..errors import DataError
+
+csv.field_size_limit(1 << 24)
+
+Format = Literal["auto", "csv", "tsv", "jsonl", "lines"]
+_SUFFIX_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
+                   ".txt": "lines"}
+
+
+class LabelTransform(BaseModel):
+    """Raw label -> ρ target in [0, 1]. Applied in order: map, rescale, binary, invert."""
+
+    model_config = ConfigDict(extra="forbid")
+    map: dict[str, float] | None = Field(
+        default=None, description="Raw value -> number, e.g. {'positive': 1, 'negative': 0} or Davidson classes")
+    rescale: tuple[float, float] | None = Field(
+        default=None, description="Linearly map [low, high] to [0, 1], e.g. [-4, 4]")
+    binary: float | None = Field(default=None, description="Threshold: label >= threshold -> 1, else 0")
+    invert: bool = Field(default=False, description="ρ = 1 - label (e.g. to score 'negative' instead of 'positive')")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.rescale is not None and not self.rescale[0] < self.rescale[1]:
+            raise ValueError(f"rescale must be [low, high] with low < high, got {list(self.rescale)}")
+        return self
+
+    def apply(self, raw) -> float:
+        """Raise ValueError with a short reason when the raw value cannot become a valid target."""
+        if raw is None:
+            raise ValueError("label is missing (null)")
+        if self.map is not None:
+            key = str(raw).strip() if not isinstance(raw, bool) else str(int(raw))
+            if isinstance(raw, float) and raw.is_integer():
+                key = str(int(raw))
+            if key not in self.map:
+                raise ValueError(f"label {raw!r} is not one of the mapped values {sorted(self.map)}")
+            value = float(self.map[key])
+        else:
+            value = _to_float(raw)
+        if math.isnan(value):
+            raise ValueError("label is NaN")
+        if math.isinf(value):
+            raise ValueError(f"label is {value}")
+        if self.rescale is not None:
+            lo, hi = self.rescale
+            value = (value - lo) / (hi - lo)
+        if self.binary is not None:
+            value = 1.0 if value >= self.binary else 0.0
+        if self.invert:
+            value = 1.0 - value
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"label {raw!r} becomes {value:g} after the transform, outside [0, 1] "
+                             "(add a `rescale` or `binary` transform)")
+        return value
+
+
+def _to_float(raw) -> float:
+    if isinstance(raw, bool):
+        return float(raw)
+    if isinstance(raw, (int, float)):
+        return float(raw)
+    if isinstance(raw, str):
+        text = raw.strip()
+        if not text:
+            raise ValueError("label is empty")
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"label {raw!r} is not a number (use `map` to turn categories into numbers)") from None
+    raise ValueError(f"label {raw!r} is not a number")
+
+
+class DataSource(BaseModel):
+    """One data file (or one view of it: the same file may appear twice with different columns)."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1, description="File path, relative to data_root unless absolute")
+    name: str | None = Field(default=None, description="Display name in metrics and the model card")
+    format: Format = "auto"
+    text: str = Field(default="text", min_length=1, description="Text column, or dotted JSON path (continuation.text)")
+    label: str | None = Field(default=None, description="Label column or dotted JSON path")
+    label_value: float | None = Field(default=None, description="Constant label for every row (e.g. a file of toxic sentences)")
+    transform: LabelTransform = LabelTransform()
+    quoting: Literal["default", "none"] = Field(default="default", description="CSV/TSV quoting; 'none' = csv.QUOTE_NONE")
+    weight: float = Field(default=1.0, gt=0, description="Sampling weight: each epoch draws weight x rows from this source")
+    limit: int | None = Field(default=None, ge=1, description="Use at most this many rows (seeded sample)")
+    skip_invalid: bool = Field(default=False, description="Skip rows with an empty text or an invalid label instead of failing")
+    max_length: int | None = Field(default=None, ge=2, description="Token limit for this source (evaluation sets)")
+    group: str | None = Field(default=None, description="Sources with the same group are pooled in metrics "
+                              "(e.g. a file of toxic and a file of normal sentences -> one AUROC)")
+    licence: str | None = None
+
+    @model_validator(mode="after")
+    def _one_label(self):
+        if (self.label is None) == (self.label_value is None):
+            raise ValueError("give exactly one of `label` (a column) or `label_value` (a constant)")
+        if self.label_value is not None and not 0.0 <= self.label_value <= 1.0:
+            raise ValueError(f"label_value must be in [0, 1], got {self.label_value}")
+        return self
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.path
+
+    @property
+    def metrics_name(self) -> str:
+        return self.group or self.display_name
+
+    def resolve(self, data_root: Path | None) -> Path:
+        path = Path(self.path).expanduser()
+        if not path.is_absolute() and data_root is not None:
+            path = data_root / path
+        return path
+
+    def file_format(self, path: Path) -> str:
+        if self.format != "auto":
+            return self.format
+        fmt = _SUFFIX_FORMATS.get(path.suffix.lower())
+        if fmt is None:
+            raise DataError(f"{path}: cannot tell the format from the suffix {path.suffix!r}; "
+                            "set `format` to csv, tsv, jsonl or lines.")
+        return fmt
+
+
+@dataclass
+class Example:
+    text: str
+    label: float
+    source: int  # index of the DataSource
+    line: int
+
+
+@dataclass
+class SourceStats:
+    name: str
+    path: str
+    rows: int = 0  # rows read from the file
+    skipped: int = 0  # invalid rows skipped (skip_invalid)
+    used: int = 0  # rows kept after limit
+    duplicates: int = 0
+    train: int = 0
+    dev: int = 0
+    sha256: str = ""
+    licence: str | None = None
+    skip_reasons: dict[str, int] = field(default_factory=dict)
+
+
+def _decode(path: Path) -> str:
+    if not path.is_file():
+        raise DataError(f"{path}: data file does not exist (check `data_root` / --data-root).")
+    raw = path.read_bytes()
+    if not raw.strip():
+        raise DataError(f"{path}: file is empty.")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                        "re-encode the file as UTF-8.") from None
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def _dotted(record, dotted: str):
+    """Follow ``a.b.c`` through nested dicts; raise KeyError naming the missing part."""
+    value = record
+    for i, part in enumerate(dotted.split(".")):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise KeyError(".".join(dotted.split(".")[: i + 1]))
+    return value
+
+
+def _rows(source: DataSource, path: Path) -> Iterator[tuple[int, object, object]]:
+    """Yield (line number, raw text, raw label) for each record of a file."""
+    fmt = source.file_format(path)
+    content = _decode(path)
+    if fmt == "lines":
+        if source.label is not None:
+            raise DataError(f"{path}: a plain-text file has no columns; use `label_value` instead of `label`.")
+        for number, line in enumerate(content.splitlines(), start=1):
+            if line.strip():
+                yield number, line, source.label_value
+        return
+    if fmt == "jsonl":
+        for number, line in enumerate(content.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: invalid JSON ({exc.msg}).") from None
+            try:
+                text = _dotted(record, source.text)
+            except KeyError as exc:
+                raise DataError(f"{path}:{number}: missing text field {exc.args[0]!r}"
+                                f"{_keys_hint(record)}.") from None
+            if source.label is None:
+                label = source.label_value
+            else:
+                try:
+                    label = _dotted(record, source.label)
+                except KeyError as exc:
+                    raise DataError(f"{path}:{number}: missing label field {exc.args[0]!r}"
+                                    f"{_keys_hint(record)}.") from None
+            yield number, text, label
+        return
+    delimiter = "\t" if fmt == "tsv" else ","
+    quoting = csv.QUOTE_NONE if source.quoting == "none" else csv.QUOTE_MINIMAL
+    reader = csv.reader(io.StringIO(content, newline=""), delimiter=delimiter, quoting=quoting)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise DataError(f"{path}: file is empty.") from None
+    except csv.Error as exc:
+        raise DataError(f"{path}:1: malformed header ({exc}).") from None
+    columns = {name.strip(): i for i, name in enumerate(header)}
+    for wanted in (source.text, source.label):
+        if wanted is not None and wanted not in columns:
+            raise DataError(f"{path}:1: missing column {wanted!r}; the header has {sorted(columns)}.")
+    text_col = columns[source.text]
+    label_col = columns[source.label] if source.label is not None else None
+    line = reader.line_num + 1
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            raise DataError(f"{path}:{line}: malformed {fmt.upper()} row ({exc}).") from None
+        start, line = line, reader.line_num + 1
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        needed = max(text_col, label_col if label_col is not None else 0)
+        if len(row) <= needed:
+            yield start, _ShortRow(f"row has {len(row)} fields, expected at least {needed + 1} (columns "
+                                   f"{list(columns)}); check the delimiter and quoting"), None
+            continue
+        yield start, row[text_col], (row[label_col] if label_col is not None else source.label_value)
+
+
+class _ShortRow(str):
+    """Marks a CSV/TSV row with too few fields (a row-level problem, skippable with skip_invalid)."""
+
+
+def _keys_hint(record) -> str:
+    return f" (record keys: {sorted(record)[:12]})" if isinstance(record, dict) else f" (record is {type(record).__name__})"
+
+
+def read_source(source: DataSource, index: int, data_root: Path | None, seed: int = 0) -> tuple[list[Example], SourceStats]:
+    """Read and validate one source. Raises DataError on the first bad row unless ``skip_invalid``."""
+    from ..models import sha256_file
+
+    path = source.resolve(data_root)
+    stats = SourceStats(name=source.display_name, path=source.path, licence=source.licence)
+    examples: list[Example] = []
+    for number, raw_text, raw_label in _rows(source, path):
+        stats.rows += 1
+        problem = kind = None
+        if isinstance(raw_text, _ShortRow):
+            problem, kind = str(raw_text), "row too short"
+        elif not isinstance(raw_text, str):
+            problem = f"text is {type(raw_text).__name__}, not a string" if raw_text is not None else "text is null"
+            kind = "text missing"
+        elif not raw_text.strip():
+            problem, kind = "text is empty", "text empty"
+        if problem is None:
+            try:
+                label = source.transform.apply(raw_label)
+            except ValueError as exc:
+                problem, kind = str(exc), ("label missing" if raw_label is None else "label invalid")
+        if problem is not None:
+            if source.skip_invalid:
+                stats.skipped += 1
+                stats.skip_reasons[kind] = stats.skip_reasons.get(kind, 0) + 1
+                continue
+            raise DataError(f"{path}:{number}: {problem}. "
+                            "Fix the row, or set `skip_invalid: true` for this source to drop such rows.")
+        examples.append(Example(raw_text.strip(), label, index, number))
+    if not examples:
+        raise DataError(f"{path}: no usable rows ({stats.rows} read, {stats.skipped} skipped as invalid).")
+    if source.limit is not None and len(examples) > source.limit:
+        # the lowest hashes of (seed, file, line): two views of one file with the same limit keep the same lines
+        scores = [_unit_hash(f"{seed}:limit:{source.path}:{ex.line}") for ex in examples]
+        keep = sorted(sorted(range(len(examples)), key=lambda i: scores[i])[: source.limit])
+        examples = [examples[i] for i in keep]
+    stats.used = len(examples)
+    stats.sha256 = sha256_file(path)
+    return examples, stats
+
+
+_NORMALISE = re.compile(r"[\W_]+", re.UNICODE)
+
+
+def normalise(text: str) -> str:
+    """The de-duplication key: lower case, punctuation and spacing removed (so tokenized copies match)."""
+    return _NORMALISE.sub(" ", text.lower()).strip()
+
+
+def _unit_hash(key: str) -> float:
+    """A uniform number in [0, 1) from a string (stable across processes, unlike hash())."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2.0**64
+
+
+@dataclass
+class Dataset:
+    sources: list[DataSource]
+    stats: list[SourceStats]
+    train: list[Example]
+    dev: list[Example]
+    eval_sets: list[tuple[DataSource, list[Example], SourceStats]]
+    removed_overlap: int = 0  # training rows dropped because they appear in an evaluation set
+
+
+def build_dataset(sources: list[DataSource], eval_sources: list[DataSource], data_root: Path | None, *,
+                  seed: int, dev_fraction: float, dev_max_per_source: int | None, dedup: bool) -> Dataset:
+    """Read everything, de-duplicate, drop evaluation texts from training, split train/dev per source."""
+    eval_sets = []
+    eval_keys: set[str] = set()
+    for i, source in enumerate(eval_sources):
+        examples, stats = read_source(source, i, data_root, seed)
+        eval_sets.append((source, examples, stats))
+        eval_keys.update(normalise(e.text) for e in examples)
+
+    all_stats, per_source = [], []
+    seen: set[str] = set()
+    removed_overlap = 0
+    for i, source in enumerate(sources):
+        examples, stats = read_source(source, i, data_root, seed)
+        kept = []
+        for ex in examples:
+            key = normalise(ex.text)
+            if key in eval_keys:
+                removed_overlap += 1
+                stats.duplicates += 1
+                continue
+            if dedup:
+                if key in seen:
+                    stats.duplicates += 1
+                    continue
+                seen.add(key)
+            kept.append(ex)
+        if not kept:
+            raise DataError(f"{source.resolve(data_root)}: every row is a duplicate of an earlier source or an "
+                            "evaluation set; nothing left to train on.")
+        per_source.append(kept)
+        all_stats.append(stats)
+
+    train, dev = [], []
+    for i, kept in enumerate(per_source):
+        # dev membership is a pure function of (seed, file, line): two views of one file (e.g. the prompt and
+        # the continuation of the same record) fall on the same side of the split
+        key = sources[i].path
+        scores = [_unit_hash(f"{seed}:split:{key}:{ex.line}") for ex in kept]
+        dev_idx = {j for j, u in enumerate(scores) if u < dev_fraction}
+        if dev_max_per_source is not None and len(dev_idx) > dev_max_per_source:
+            dev_idx = set(sorted(dev_idx, key=lambda j: scores[j])[:dev_max_per_source])
+        if len(dev_idx) == len(kept):  # keep at least one training row
+            dev_idx.discard(max(dev_idx, key=lambda j: scores[j]))
+        for j, ex in enumerate(kept):
+            (dev if j in dev_idx else train).append(ex)
+        all_stats[i].dev = len(dev_idx)
+        all_stats[i].train = len(kept) - len(dev_idx)
+    return Dataset(sources, all_stats, train, dev, eval_sets, removed_overlap)
+
+
+def epoch_indices(examples: list[Example], weights: list[float], seed: int, epoch: int) -> list[int]:
+    """The examples of one epoch: each source contributes weight x its size (sampled), then shuffled.
+
+    A weight of 2 shows every row twice, 0.5 a random half; deterministic in (seed, epoch).
+    """
+    generator = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
+    by_source: dict[int, list[int]] = {}
+    for i, ex in enumerate(examples):
+        by_source.setdefault(ex.source, []).append(i)
+    chosen: list[int] = []
+    for source in sorted(by_source):
+        idx = by_source[source]
+        want = int(round(weights[source] * len(idx)))
+        full, rest = divmod(want, len(idx))
+        chosen.extend(idx * full)
+        if rest:
+            pick = torch.randperm(len(idx), generator=generator)[:rest].tolist()
+            chosen.extend(idx[p] for p in sorted(pick))
+    perm = torch.randperm(len(chosen), generator=generator).tolist()
+    return [chosen[p] for p in perm]
+
+
+def length_grouped_batches(order: list[int], lengths: list[int], batch_size: int, seed: int, epoch: int,
+                           group: int = 50) -> list[list[int]]:
+    """Batches of similar length (less padding): sort within windows of ``group`` batches, shuffle batches."""
+    batches: list[list[int]] = []
+    window = batch_size * group
+    for start in range(0, len(order), window):
+        chunk = sorted(order[start:start + window], key=lambda i: lengths[i])
+        batches.extend(chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size))
+    generator = torch.Generator().manual_seed(int(seed) * 7_919 + int(epoch) + 17)
+    perm = torch.randperm(len(batches), generator=generator).tolist()
+    return [batches[p] for p in perm]
+
+
+def tokenize(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
+    """Token ids of each text (no special tokens), truncated so that start token + text <= max_length."""
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return [row[: max_length - 1] for row in ids]
+
+
+def collate(rows: list[list[int]], start_token_id: int, pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Start token + ids, left padded, with position ids derived from the mask (as RewardModel.encode)."""
+    width = max(len(r) for r in rows) + 1
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        n = len(row) + 1
+        ids[i, width - n] = start_token_id
+        if row:
+            ids[i, width - n + 1:] = torch.tensor(row, dtype=torch.long)
+        mask[i, width - n:] = 1
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}

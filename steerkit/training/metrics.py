@@ -1,0 +1,98 @@
+"""Evaluation metrics for reward models: MSE, AUROC, accuracy at 0.5, and early-prefix accuracy.
+
+Targets may be continuous (Perspective scores): AUROC and accuracy binarise them at 0.5, MSE uses them
+as they are. "Accuracy at 50 %" reads each text's reward after only the first half of its tokens,
+which is what a reward model sees early in decoding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .loss import prefix_positions
+
+FRACTIONS = (0.25, 0.5, 0.75)
+
+
+def auroc(scores, labels) -> float | None:
+    """Area under the ROC curve (Mann-Whitney U with average ranks for ties); None with one class only."""
+    scores = np.asarray(scores, dtype=np.float64)
+    positive = np.asarray(labels, dtype=np.float64) >= 0.5
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        return None
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores), dtype=np.float64)
+    sorted_scores = scores[order]
+    i = 0
+    while i < len(scores):  # average ranks over ties
+        j = i
+        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def accuracy(scores, labels, threshold: float = 0.5) -> float:
+    scores, labels = np.asarray(scores, dtype=np.float64), np.asarray(labels, dtype=np.float64)
+    return float(((scores >= threshold) == (labels >= threshold)).mean())
+
+
+def summarise(final, targets, prefix: dict[float, list[float]] | None = None) -> dict:
+    """All metrics for one set of predictions."""
+    final, targets = np.asarray(final, dtype=np.float64), np.asarray(targets, dtype=np.float64)
+    out = {
+        "n": int(len(final)),
+        "mse": float(((final - targets) ** 2).mean()),
+        "auroc": auroc(final, targets),
+        "accuracy": accuracy(final, targets),
+        "positive_rate": float((targets >= 0.5).mean()),
+        "mean_reward": float(final.mean()),
+    }
+    for frac, values in (prefix or {}).items():
+        out[f"accuracy_at_{int(round(frac * 100))}pct"] = accuracy(values, targets)
+    return out
+
+
+def prefix_indices(attention_mask: torch.Tensor, fraction: float) -> torch.Tensor:
+    """Index of the position after the first ceil(fraction · l) text tokens of each row (at least 1)."""
+    t = prefix_positions(attention_mask)
+    length = t.amax(-1)
+    wanted = torch.clamp(torch.ceil(length.double() * fraction).long(), min=1)
+    wanted = torch.minimum(wanted, length.clamp(min=1))
+    return (t == wanted[:, None]).long().argmax(-1)
+
+
+@torch.no_grad()
+def predict(model, token_rows: list[list[int]], *, batch_size: int = 64, fractions=FRACTIONS):
+    """Final reward and early-prefix rewards for pre-tokenized texts (sorted by length for speed)."""
+    from .data import collate
+    from .loss import final_rewards
+
+    tok = model.tokenizer
+    pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0
+    start = model.config.start_token_id
+    order = sorted(range(len(token_rows)), key=lambda i: len(token_rows[i]))
+    final = [math.nan] * len(token_rows)
+    prefix = {f: [math.nan] * len(token_rows) for f in fractions}
+    was_training = model.training
+    model.eval()
+    try:
+        for s in range(0, len(order), batch_size):
+            idx = order[s:s + batch_size]
+            batch = collate([token_rows[i] for i in idx], start, pad)
+            rewards = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                            position_ids=batch["position_ids"]).rewards.float()
+            for i, v in zip(idx, final_rewards(rewards, batch["attention_mask"]).tolist()):
+                final[i] = v
+            for f in fractions:
+                values = rewards.gather(-1, prefix_indices(batch["attention_mask"], f)[:, None]).squeeze(-1)
+                for i, v in zip(idx, values.tolist()):
+                    prefix[f][i] = v
+    finally:
+        model.train(was_training)
+    return final, prefix

@@ -1,0 +1,391 @@
+"""The training loop behind ``steerkit train``.
+
+Order of work, chosen so that nothing already trained is ever lost:
+
+1. read and validate every data file (a bad row raises DataError before any output is touched);
+2. build the reward model (methods ``lora`` via peft, ``head`` with a frozen backbone, ``full``);
+3. train with the paper's cumulative loss, periodic dev evaluation and atomic checkpoints; Ctrl-C
+   writes a checkpoint and stops; ``resume=True`` continues from the newest checkpoint and, with the
+   same seed, reaches the same weights as an uninterrupted run (data order and learning rate are pure
+   functions of the step, and the optimizer state and RNG are restored exactly);
+4. evaluate on the dev split (per source) and the held-out sets, then write the reward-model directory
+   (weights, metrics.json, README.md model card) into a temporary directory and swap it into place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..errors import CheckpointError, ConfigError
+from ..rewards.model import RewardModel, lora_config
+from .checkpoint import has_checkpoints, load_checkpoint, optimizer_from_tensors, save_checkpoint
+from .config import TrainConfig
+from .data import Dataset, build_dataset, collate, epoch_indices, length_grouped_batches, tokenize
+from .loss import LOSSES
+from .metrics import predict, summarise
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    metrics: dict
+    steps: int
+    seconds: float
+
+
+@dataclass
+class Callbacks:
+    """Hooks for tests and tools: ``on_step(step, loss)`` after each optimizer step,
+    ``on_checkpoint(step, path)`` after a checkpoint is complete."""
+
+    on_step: Callable[[int, float], None] | None = None
+    on_checkpoint: Callable[[int, Path], None] | None = None
+
+
+def build_model(config: TrainConfig) -> RewardModel:
+    """A fresh reward model set up for ``config.method`` (seeded, so two builds are identical)."""
+    torch.manual_seed(config.seed)
+    model = RewardModel.from_backbone(config.backbone, config.num_layers, name=config.name,
+                                      attribute=config.attribute, max_length=config.max_length)
+    model.config = model.config.model_copy(update={
+        "method": config.method, "lora": config.lora if config.method == "lora" else None})
+    if config.method in {"head", "lora"}:
+        model.backbone.requires_grad_(False)
+    if config.method == "lora":
+        try:
+            from peft import get_peft_model
+        except ImportError:
+            raise ConfigError("method 'lora' needs peft: pip install 'steerkit[train]' (or pick method 'head').") from None
+        try:
+            model.backbone = get_peft_model(model.backbone, lora_config(config.lora))
+        except ValueError as exc:
+            raise ConfigError(f"lora.target_modules {config.lora.target_modules} do not fit backbone "
+                              f"{config.backbone!r}: {exc}") from None
+    model.head.requires_grad_(True)
+    return model
+
+
+def trainable_parameters(model: RewardModel) -> dict[str, torch.nn.Parameter]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def learning_rate(step: int, total: int, base: float, warmup: int) -> float:
+    """Linear warm-up then linear decay to zero; ``step`` is 0-based."""
+    if warmup and step < warmup:
+        return base * (step + 1) / warmup
+    return base * max(0.0, (total - step) / max(1, total - warmup))
+
+
+@dataclass
+class _Tokenized:
+    train: list[list[int]]
+    dev: list[list[int]]
+    eval_sets: list[list[list[int]]]
+
+
+def _tokenize_all(model: RewardModel, dataset: Dataset, config: TrainConfig) -> _Tokenized:
+    tok = model.tokenizer
+
+    def run(examples, max_length):
+        # a token spans at least one character: cutting far beyond max_length tokens changes nothing kept
+        return tokenize(tok, [e.text[: 32 * max_length] for e in examples], max_length)
+
+    return _Tokenized(
+        run(dataset.train, config.max_length), run(dataset.dev, config.max_length),
+        [run(ex, src.max_length or config.max_length) for src, ex, _ in dataset.eval_sets])
+
+
+class _StopRequest:
+    """Turns SIGINT/SIGTERM into a flag checked between steps (so a checkpoint is never half an update)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def __enter__(self):
+        if threading_main():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:  # second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _hardware() -> dict:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "python": platform.python_version(), "gpu": None}
+
+
+def _log(message: str, progress_bar=None) -> None:
+    if progress_bar is not None:
+        progress_bar.write(message, file=sys.stderr)
+    else:
+        print(message, file=sys.stderr, flush=True)
+
+
+def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
+          callbacks: Callbacks | None = None) -> TrainResult:
+    """Train a reward model as configured and write its directory to ``config.output_dir``."""
+    callbacks = callbacks or Callbacks()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    started = time.perf_counter()
+    data_root = config.resolved_data_root()
+    dataset = build_dataset(config.data, config.eval, data_root, seed=config.seed, dev_fraction=config.dev_fraction,
+                            dev_max_per_source=config.dev_max_per_source, dedup=config.dedup)
+    data_hashes = {s.path: s.sha256 for s in dataset.stats}
+    ckpt_dir = config.checkpoint_path
+    if not resume and has_checkpoints(ckpt_dir):
+        if not overwrite:
+            raise CheckpointError(f"{ckpt_dir} holds checkpoints of an earlier run. Pass --resume to continue it, "
+                                  "or --overwrite to discard them and start again.")
+        shutil.rmtree(ckpt_dir)
+
+    model = build_model(config)
+    tokens = _tokenize_all(model, dataset, config)
+    params = trainable_parameters(model)
+    if not params:
+        raise ConfigError("Nothing to train: every parameter is frozen.")
+    optimizer = torch.optim.AdamW(list(params.values()), lr=config.learning_rate,
+                                  weight_decay=config.weight_decay, foreach=False)
+    loss_fn = LOSSES[config.loss]
+    tok = model.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    start_id = model.config.start_token_id
+
+    weights = [s.weight for s in config.data]
+    lengths = [len(r) for r in tokens.train]
+    batches_per_epoch = len(length_grouped_batches(epoch_indices(dataset.train, weights, config.seed, 0), lengths,
+                                                   config.batch_size, config.seed, 0))
+    total = config.steps or max(1, math.ceil(config.epochs * batches_per_epoch))
+    warmup = int(round(config.warmup_fraction * total))
+    fingerprint = config.run_fingerprint()
+
+    step, history, elapsed_before = 0, [], 0.0
+    resumed_from = None
+    if resume:
+        ckpt = load_checkpoint(ckpt_dir)
+        state = ckpt.state
+        if state.get("fingerprint") != fingerprint:
+            raise CheckpointError(f"{ckpt.path} belongs to a different run (the configuration changed since it was "
+                                  "written). Restore the original settings, or start again with --overwrite.")
+        if state.get("data_sha256") != data_hashes:
+            changed = [p for p in data_hashes if state.get("data_sha256", {}).get(p) != data_hashes[p]]
+            raise CheckpointError(f"{ckpt.path}: data files changed since the checkpoint ({', '.join(changed)}). "
+                                  "Restore them, or start again with --overwrite.")
+        if set(ckpt.trainable) != set(params):
+            raise CheckpointError(f"{ckpt.path} does not match the model's trainable parameters.")
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(ckpt.trainable[name])
+        rng = ckpt.optimizer_tensors.pop("rng.torch")
+        optimizer_from_tensors(optimizer, ckpt.optimizer_tensors, state["optimizer_param_groups"])
+        torch.set_rng_state(rng)
+        step, history, elapsed_before = state["step"], state.get("history", []), state.get("train_seconds", 0.0)
+        resumed_from = str(ckpt.path)
+        _log(f"resuming from {ckpt.path} (step {step}/{total})")
+
+    dev_rng = random.Random(f"{config.seed}:dev-monitor")
+    monitor = sorted(dev_rng.sample(range(len(tokens.dev)), min(config.eval_limit, len(tokens.dev))))
+
+    def dev_metrics(indices):
+        final, prefix = predict(model, [tokens.dev[i] for i in indices], batch_size=config.eval_batch_size)
+        return summarise(final, [dataset.dev[i].label for i in indices], prefix)
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, initial=step, desc=f"train {config.name}", unit="step", dynamic_ncols=True,
+                   file=sys.stderr)
+    _log(f"{len(dataset.train)} train / {len(dataset.dev)} dev examples from {len(config.data)} source(s), "
+         f"{batches_per_epoch} steps per epoch, {total} steps, method {config.method}, "
+         f"{model.config.num_layers} layers, {sum(p.numel() for p in params.values()):,} trainable parameters", bar)
+
+    def checkpoint(at_step: int, seconds: float) -> Path:
+        path = save_checkpoint(ckpt_dir, at_step, {n: p.detach() for n, p in params.items()}, optimizer,
+                               {"fingerprint": fingerprint, "data_sha256": data_hashes, "history": history,
+                                "train_seconds": seconds, "total_steps": total}, keep=config.keep_checkpoints)
+        if callbacks.on_checkpoint:
+            callbacks.on_checkpoint(at_step, path)
+        return path
+
+    model.train()
+    loop_start = time.perf_counter()
+    examples_seen = 0
+    running = None
+    plan_epoch, plan = -1, []
+    with _StopRequest() as stop:
+        while step < total:
+            epoch, index = divmod(step, batches_per_epoch)
+            if epoch != plan_epoch:
+                order = epoch_indices(dataset.train, weights, config.seed, epoch)
+                plan, plan_epoch = length_grouped_batches(order, lengths, config.batch_size, config.seed, epoch), epoch
+            batch_idx = plan[index]
+            batch = collate([tokens.train[i] for i in batch_idx], start_id, pad)
+            targets = torch.tensor([dataset.train[i].label for i in batch_idx], dtype=torch.float32)
+            rewards = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                            position_ids=batch["position_ids"]).rewards
+            loss = loss_fn(rewards, targets, batch["attention_mask"])
+            if not torch.isfinite(loss):
+                path = checkpoint(step, elapsed_before + time.perf_counter() - loop_start) if step else None
+                raise ConfigError(f"Loss became {loss.item()} at step {step + 1}; lower the learning rate. "
+                                      + (f"Last good state saved in {path}." if path else ""))
+            loss.backward()
+            if config.grad_clip:
+                torch.nn.utils.clip_grad_norm_(list(params.values()), config.grad_clip)
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, total, config.learning_rate, warmup)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            examples_seen += len(batch_idx)
+            value = float(loss.detach())
+            running = value if running is None else 0.98 * running + 0.02 * value
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{running:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.1e}")
+            if step % 50 == 0 or step == total:
+                history.append({"step": step, "loss": round(running, 6)})
+            if callbacks.on_step:
+                callbacks.on_step(step, value)
+            if step % config.eval_every == 0 and step < total and monitor:
+                m = dev_metrics(monitor)
+                history.append({"step": step, "dev": {k: m[k] for k in ("mse", "auroc", "accuracy")}})
+                _log(f"step {step}: dev mse {m['mse']:.4f}  auroc {_fmt(m['auroc'])}  acc {m['accuracy']:.3f}  "
+                     f"acc@50% {m['accuracy_at_50pct']:.3f}  (n={m['n']})", bar)
+            if step % config.checkpoint_every == 0 and step < total:
+                checkpoint(step, elapsed_before + time.perf_counter() - loop_start)
+            if stop.requested:
+                path = checkpoint(step, elapsed_before + time.perf_counter() - loop_start)
+                if bar is not None:
+                    bar.close()
+                raise KeyboardInterrupt(f"stopped at step {step}; checkpoint in {path}; continue with --resume")
+    if bar is not None:
+        bar.close()
+    loop_seconds = time.perf_counter() - loop_start
+    train_seconds = elapsed_before + loop_seconds
+
+    eval_start = time.perf_counter()
+    metrics = _final_metrics(model, dataset, tokens, config)
+    eval_seconds = time.perf_counter() - eval_start
+    metrics["training"] = {
+        "steps": total, "batch_size": config.batch_size, "examples_seen_this_process": examples_seen,
+        "train_seconds": round(train_seconds, 1), "eval_seconds": round(eval_seconds, 1),
+        "examples_per_second": round(examples_seen / max(loop_seconds, 1e-9), 2) if examples_seen else None,
+        "wall_seconds_this_process": round(time.perf_counter() - started, 1),
+        "resumed_from": resumed_from, "hardware": _hardware(), "method": config.method,
+        "num_layers": model.config.num_layers, "trainable_parameters": sum(p.numel() for p in params.values()),
+        "loss": config.loss, "max_length": config.max_length, "lr": config.learning_rate, "seed": config.seed,
+    }
+    metrics["data"] = [vars(s) for s in dataset.stats]
+    metrics["eval_data"] = [vars(s) for _, _, s in dataset.eval_sets]
+    metrics["removed_eval_overlap"] = dataset.removed_overlap
+    metrics["history"] = history
+    output = _write_output(model, config, metrics)
+    if not config.keep_checkpoint_dir:
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+    _log(f"wrote {output} ({train_seconds:.0f} s training, {eval_seconds:.0f} s evaluation)")
+    return TrainResult(output, metrics, total, train_seconds)
+
+
+def _fmt(value) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def _final_metrics(model: RewardModel, dataset: Dataset, tokens: _Tokenized, config: TrainConfig) -> dict:
+    """Dev metrics overall and per source (or group); held-out sets pooled by group."""
+    out: dict = {"dev": {}, "eval": {}}
+    if tokens.dev:
+        final, prefix = predict(model, tokens.dev, batch_size=config.eval_batch_size)
+        labels = [e.label for e in dataset.dev]
+        out["dev"]["all"] = summarise(final, labels, prefix)
+        groups: dict[str, list[int]] = {}
+        for i, e in enumerate(dataset.dev):
+            groups.setdefault(config.data[e.source].metrics_name, []).append(i)
+        for name, idx in groups.items():
+            out["dev"][name] = summarise([final[i] for i in idx], [labels[i] for i in idx],
+                                         {f: [v[i] for i in idx] for f, v in prefix.items()})
+    pooled: dict[str, tuple[list, list, int]] = {}
+    for (source, examples, _), rows in zip(dataset.eval_sets, tokens.eval_sets):
+        entry = pooled.setdefault(source.metrics_name, ([], [], source.max_length or config.max_length))
+        entry[0].extend(rows)
+        entry[1].extend(e.label for e in examples)
+    for name, (rows, labels, max_length) in pooled.items():
+        final, prefix = predict(model, rows, batch_size=config.eval_batch_size)
+        out["eval"][name] = {**summarise(final, labels, prefix), "max_length": max_length}
+    return out
+
+
+def _portable_config(config: TrainConfig) -> dict:
+    """The config as written into the output (machine-specific absolute paths dropped)."""
+    data = config.model_dump(mode="json")
+    for key in ("data_root", "output_dir", "checkpoint_dir", "card"):
+        data[key] = None if data.get(key) is None else Path(data[key]).name
+    return data
+
+
+def _write_output(model: RewardModel, config: TrainConfig, metrics: dict) -> Path:
+    """Write the reward-model directory next to its destination, then swap it in (the old one survives failures)."""
+    from ..models import atomic_write_text
+    from .card import render_card
+
+    output = Path(config.output_dir)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.new."))
+    try:
+        model.eval()
+        model.save_pretrained(tmp, metrics=metrics)
+        card = render_card(config, metrics)
+        atomic_write_text(tmp / "README.md", card)
+        atomic_write_text(tmp / "training_config.json", json.dumps(_portable_config(config), indent=2))
+        os.chmod(tmp, 0o755)  # mkdtemp/mkstemp create owner-only entries; a model directory is meant to be shared
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
+        old = None
+        if output.exists():
+            old = output.parent / f".{output.name}.old.{os.getpid()}"
+            os.rename(output, old)
+        os.rename(tmp, output)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if config.card:
+        atomic_write_text(Path(config.card), card)
+    return output
