@@ -24,8 +24,8 @@ def export_onnx_command(
 ):
     """Export a reward model (backbone + head, past/present KV) to ONNX with a verifiable manifest.
 
-    Use the result with ``--backend onnx`` by passing DIR as the reward reference, e.g.
-    ``steerkit generate "Hello" --reward DIR=-10 --backend onnx``.
+    Use the result with --backend onnx by passing DIR as the reward reference, e.g.
+    steerkit generate "Hello" --reward DIR=-10 --backend onnx
     """
     from .errors import ExportError
     from .rewards.onnx_export import MANIFEST_NAME, export_onnx, export_source, verify_export
