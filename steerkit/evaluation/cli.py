@@ -68,6 +68,7 @@ def _command(task: str):
         scorer: List[str] = typer.Option([], "--scorer", "-s", help="Scorer spec, repeatable (see `steerkit eval scorers`)."),
         eval_lm: Optional[str] = typer.Option(None, "--eval-lm", help="Fluency LM (default gemma3-270m)."),
         no_fluency: bool = typer.Option(False, "--no-fluency", help="Skip perplexity."),
+        fluency_samples: Optional[int] = typer.Option(None, "--fluency-samples", help="Perplexity of the first M continuations per prompt only (cheaper)."),
         no_plots: bool = typer.Option(False, "--no-plots"),
         no_trace: bool = typer.Option(False, "--no-trace", help="Skip the per-step trace generation."),
         output: Optional[str] = typer.Option(None, "--output", "-o", help=f"Run directory (default runs/eval-{task})."),
@@ -82,7 +83,7 @@ def _command(task: str):
         flags = {"prompts": prompts, "field": field, "limit": limit, "offset": offset, "lm": lm, "reward": reward,
                  "direction": direction, "betas": list(beta), "ks": list(k), "num_continuations": n,
                  "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size,
-                 "backend": backend, "scorers": list(scorer), "eval_lm": eval_lm, "output": output,
+                 "backend": backend, "scorers": list(scorer), "eval_lm": eval_lm, "output": output, "fluency_samples": fluency_samples,
                  "threads": threads}
         if no_baseline:
             flags["baseline"] = False
@@ -126,7 +127,8 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory written by 
     path = run_dir / "config.json"
     if not path.is_file():
         raise ConfigError(f"{run_dir} has no config.json; is it a steerkit eval run directory?")
-    cfg = EvalConfig.from_file(path, output=str(run_dir), **({"plots": False} if no_plots else {}))
+    cfg = EvalConfig.from_file(path, relative_to_file=False, output=str(run_dir),
+                               **({"plots": False} if no_plots else {}))
     runner = EvalRunner(cfg, scorers=[], progress=False)
     result = runner.compute_metrics()
     runner.write_report(result)

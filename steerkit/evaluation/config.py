@@ -15,6 +15,7 @@
     settings:                   # extra settings besides the grid, e.g. a composed run
       - {name: composed, k: 20, rewards: [{name: toxicity, beta: -50}, {name: sentiment, beta: 50}]}
 
+Relative paths in a file (prompt files, ``output``) are relative to the file's directory.
 CLI flags override file values (``steerkit eval toxicity --config FILE --limit 5``).
 """
 
@@ -105,6 +106,7 @@ class EvalConfig(BaseModel):
     fluency: bool = True
     eval_lm: str = DEFAULT_EVAL_LM
     fluency_batch_size: int = Field(default=25, ge=1)
+    fluency_samples: int | None = Field(default=None, ge=1)  # perplexity of the first m continuations per prompt only
     dist_normalize: Literal["words", "ngrams"] = "words"
     trace: bool = True
     trace_prompt: int = Field(default=0, ge=0)
@@ -148,8 +150,23 @@ class EvalConfig(BaseModel):
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def from_file(cls, path: str | Path, **overrides) -> "EvalConfig":
-        return cls.from_dict({**load_config_file(path), **overrides}, source=str(path))
+    def from_file(cls, path: str | Path, *, relative_to_file: bool = True, **overrides) -> "EvalConfig":
+        """Load a config file; relative prompt paths and ``output`` are relative to the file's directory."""
+        data = load_config_file(path)
+        if relative_to_file:
+            base = Path(path).resolve().parent
+            prompts = data.get("prompts")
+            if isinstance(prompts, list):
+                data["prompts"] = [{**p, "path": str(base / p["path"])} if isinstance(p, dict) and isinstance(p.get("path"), str)
+                                   and not Path(p["path"]).expanduser().is_absolute() else p for p in prompts]
+            if isinstance(data.get("output"), str) and data["output"] and not Path(data["output"]).is_absolute():
+                data["output"] = str(base / data["output"])
+        return cls.from_dict({**data, **overrides}, source=str(path))
+
+    def resolved(self) -> "EvalConfig":
+        """A copy with absolute prompt paths (what a run directory's config.json records)."""
+        prompts = [{**p.model_dump(), "path": str(Path(p.path).expanduser().resolve())} for p in self.prompts]
+        return self.with_overrides({"prompts": prompts})
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "eval config") -> "EvalConfig":

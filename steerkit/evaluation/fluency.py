@@ -84,11 +84,20 @@ class PerplexityScorer:
                 input_ids[r, :len(ids)] = torch.tensor(ids)
                 mask[r, :len(ids)] = 1
                 target[r, max(start, 1):len(ids)] = True
-            logits = self.model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits.float()
-            logp = torch.log_softmax(logits[:, :-1], dim=-1)
-            nll = -logp.gather(-1, input_ids[:, 1:].to(device)[..., None]).squeeze(-1)
-            sel = target[:, 1:].to(device)
-            per_row = (nll * sel).sum(-1) / sel.sum(-1).clamp(min=1)
+            input_ids, mask, target = input_ids.to(device), mask.to(device), target.to(device)
+            # the LM head only where a continuation token is predicted: with a large vocabulary
+            # (Gemma: 262k) the head costs more than the transformer, and prompt positions need none
+            hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            sel = target[:, 1:]
+            logits = self.model.get_output_embeddings()(hidden[:, :-1][sel]).float()
+            cap = getattr(self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config")
+                          else self.model.config, "final_logit_softcapping", None)
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            nll = -torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:][sel][:, None]).squeeze(-1)
+            rows_of = torch.arange(len(seqs), device=device)[:, None].expand_as(sel)[sel]
+            totals = torch.zeros(len(seqs), device=device).index_add_(0, rows_of, nll)
+            per_row = totals / sel.sum(-1).clamp(min=1)
             for r, i in enumerate(chunk):
                 out[i] = math.exp(per_row[r].item())
         return out

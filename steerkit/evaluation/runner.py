@@ -157,7 +157,7 @@ class EvalRunner:
         unknown = set(stages) - set(STAGES)
         if unknown:
             raise ConfigError(f"Unknown stage(s) {sorted(unknown)}; choose from {', '.join(STAGES)}.")
-        atomic_write_text(self.out / "config.json", self.config.model_dump_json(indent=2))
+        atomic_write_text(self.out / "config.json", self.config.resolved().model_dump_json(indent=2))
         self.apply_threads()
         if "generate" in stages:
             self.generate()
@@ -250,7 +250,8 @@ class EvalRunner:
         ppl = PerplexityScorer(self._eval_lm or self.config.eval_lm, batch_size=self.config.fluency_batch_size)
         with self._bar(f"Perplexity ({name})", len(todo)) as advance:
             for r in todo:
-                values = ppl.perplexities([r["prompt"]] * len(r["continuations"]), r["continuations"])
+                continuations = r["continuations"][:self.config.fluency_samples]
+                values = ppl.perplexities([r["prompt"]] * len(continuations), continuations)
                 self.fluency.append({"eval_lm": name, "prompt_set": r["prompt_set"], "index": r["index"],
                                      "setting": r["setting"], "perplexities": [_finite_or_none(v) for v in values]})
                 advance()
@@ -381,7 +382,7 @@ class EvalRunner:
             from .fluency import PerplexityScorer
 
             ppl = PerplexityScorer(self._eval_lm or cfg.eval_lm, batch_size=cfg.fluency_batch_size)
-            texts = [" and then the day went on as it always did, quietly"] * cfg.num_continuations
+            texts = [" and then the day went on as it always did, quietly"] * (cfg.fluency_samples or cfg.num_continuations)
             ppl.perplexities([sample[0].text] * 2, texts[:2])
             start = time.perf_counter()
             ppl.perplexities([sample[0].text] * len(texts), texts)

@@ -63,9 +63,10 @@ def test_config_file_is_equivalent_to_flags(tmp_path, suffix):
         path.write_text(json.dumps(data))
     from_file = build_config("sentiment", path, **flags())
     from_flags = build_config("sentiment", None, **flags(
-        prompts=["neg=neg.jsonl"], limit=9, lm="some-lm", reward="rm-dir", betas=[5, 15], ks=[10, 30],
-        num_continuations=4, max_new_tokens=7, seed=3, scorers=["vader"], eval_lm="eval-lm", output="out"))
-    assert from_file == from_flags
+        prompts=[f"neg={tmp_path / 'neg.jsonl'}"], limit=9, lm="some-lm", reward="rm-dir", betas=[5, 15], ks=[10, 30],
+        num_continuations=4, max_new_tokens=7, seed=3, scorers=["vader"], eval_lm="eval-lm",
+        output=str(tmp_path / "out")))
+    assert from_file == from_flags  # relative paths in a file are relative to the file
     # flags override the file
     assert build_config("sentiment", path, **flags(limit=2, betas=[1])).prompts[0].limit == 2
 

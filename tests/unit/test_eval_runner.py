@@ -262,3 +262,11 @@ def test_store_drops_a_partial_last_line_and_rejects_corruption(tmp_path):
     path.write_text('{"k": 1}\ngarbage\n{"k": 2}\n')
     with pytest.raises(DataError, match="s.jsonl:2 is not valid JSON"):
         JsonlStore(path, lambda r: r["k"])
+
+
+def test_fluency_on_a_subsample_of_continuations(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    runner = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, trace=False, plots=False,
+                         fluency_samples=2, betas=[5])
+    result = runner.run(["generate", "fluency"])
+    assert all(len(r["perplexities"]) == 2 for r in lines(tmp_path / "run" / "fluency.jsonl"))
+    assert all(r["perplexity"] > 1 for r in result["results"])
