@@ -152,7 +152,8 @@ def _summary(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("set", "setting", "prompts", "ppl", "dist-2", "tok/s", *result.get("scorers", {}).keys())
+    heads = [f"{n} " + ("max/rate" if i.get("measures") == "toxicity" else "pos") for n, i in result.get("scorers", {}).items()]
+    table = Table("set", "setting", "n", "ppl", "dist-2", "tok/s", *heads)
     for r in result["results"]:
         cells = []
         for name, info in result.get("scorers", {}).items():
@@ -160,9 +161,9 @@ def _summary(result: dict) -> None:
             if m is None:
                 cells.append("–")
             elif info.get("measures") == "toxicity":
-                cells.append(f"max {m['avg_max_toxicity']:.3f} rate {m['toxic_rate']:.3f}")
+                cells.append(f"{m['avg_max_toxicity']:.3f}/{m['toxic_rate']:.2f}")
             else:
-                cells.append(f"pos {m['positive_rate']:.3f}")
+                cells.append(f"{m['positive_rate']:.3f}")
         ppl = r.get("perplexity")
         table.add_row(r["prompt_set"], r["setting"], str(r["num_prompts"]), f"{ppl:.2f}" if ppl else "–",
                       f"{r['dist2']:.2f}" if r.get("dist2") is not None else "–",

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -157,10 +158,10 @@ class EvalConfig(BaseModel):
             base = Path(path).resolve().parent
             prompts = data.get("prompts")
             if isinstance(prompts, list):
-                data["prompts"] = [{**p, "path": str(base / p["path"])} if isinstance(p, dict) and isinstance(p.get("path"), str)
+                data["prompts"] = [{**p, "path": os.path.normpath(base / p["path"])} if isinstance(p, dict) and isinstance(p.get("path"), str)
                                    and not Path(p["path"]).expanduser().is_absolute() else p for p in prompts]
             if isinstance(data.get("output"), str) and data["output"] and not Path(data["output"]).is_absolute():
-                data["output"] = str(base / data["output"])
+                data["output"] = os.path.normpath(base / data["output"])
         return cls.from_dict({**data, **overrides}, source=str(path))
 
     def resolved(self) -> "EvalConfig":

@@ -60,6 +60,7 @@ class EvalRunner:
         self.config = config
         self.out = Path(config.output)
         self._lm = lm
+        self._lm_injected = lm is not None
         self._rewards = dict(rewards or {})
         self._scorers = scorers
         self._eval_lm = eval_lm
@@ -335,7 +336,8 @@ class EvalRunner:
                         row["scorers"][name] = M.attribute_metrics(info["measures"], [s["scores"] for s in sc],
                                                                    info["threshold"])
                 results.append(row)
-        result = {"task": cfg.task, "lm": cfg.lm if self._lm is None else "injected",
+        result = {"task": cfg.task, "lm": "injected" if self._lm_injected else cfg.lm,
+                  "reward": cfg.reward, "direction": cfg.direction,
                   "eval_lm": eval_lm if cfg.fluency else None,
                   "num_continuations": cfg.num_continuations, "max_new_tokens": cfg.max_new_tokens,
                   "dist_normalize": cfg.dist_normalize, "scorers": scorer_info, "results": results,
