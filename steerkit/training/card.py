@@ -106,8 +106,9 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
         if lengths and lengths != {config.max_length}:
             out += [f"Test texts are truncated to {', '.join(str(x) for x in sorted(lengths))} tokens.", ""]
     if metrics.get("dev"):
-        out += [f"Dev split (seeded {config.dev_fraction:.0%} of each training source, at most "
-                f"{config.dev_max_per_source} rows each):", ""] + _metrics_table(metrics["dev"]) + [""]
+        out += [f"Dev split, held out from training (seeded {config.dev_fraction:.0%} of each training source, at most "
+                f"{config.dev_max_per_source} rows each; rows of one file line stay on one side):", ""]
+        out += _metrics_table(metrics["dev"]) + [""]
     out += ["## Training data", "",
             "| source | file | rows used | train | dev | skipped invalid | duplicates / eval overlap | licence |",
             "|---|---|---:|---:|---:|---:|---:|---|"]
@@ -118,7 +119,8 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
     if config.eval:
         out += ["Held-out test files (texts also present in training files were removed from training):", ""]
         for source in config.eval:
-            out.append(f"- `{source.path}` ({source.display_name}): {licence_for(source.path, source.licence)}")
+            sample = f", seeded sample of {source.limit} rows" if source.limit else ""
+            out.append(f"- `{source.path}` ({source.display_name}{sample}): {licence_for(source.path, source.licence)}")
         out.append("")
     out += ["Label transforms, weights and limits are in `training_config.json`. The data files are not "
             "distributed with this model.", ""]
@@ -128,7 +130,8 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
         f"- {training.get('steps')} steps of batch {training.get('batch_size')}, AdamW lr {config.learning_rate:g}, "
         f"seed {config.seed}",
         f"- {_num(training.get('train_seconds'), 0)} s training + {_num(training.get('eval_seconds'), 0)} s evaluation "
-        f"on {hw.get('cpu', 'unknown CPU')} ({hw.get('torch_threads')} torch threads, no GPU), torch {hw.get('torch')}",
+        f"on {hw.get('cpu', 'unknown CPU')} ({hw.get('cpu_count')} cores, {hw.get('torch_threads')} torch "
+        f"thread{'s' if hw.get('torch_threads') != 1 else ''}, no GPU), torch {hw.get('torch')}",
         f"- Reproduce: `{_reproduce(config)}` (same seed and data files: their sha256 are in `metrics.json`)",
         "",
         "## Intended use",

@@ -114,6 +114,7 @@ class DataSource(BaseModel):
     limit: int | None = Field(default=None, ge=1, description="Use at most this many rows (seeded sample)")
     skip_invalid: bool = Field(default=False, description="Skip rows with an empty text or an invalid label instead of failing")
     max_length: int | None = Field(default=None, ge=2, description="Token limit for this source (evaluation sets)")
+    replace: dict[str, str] = Field(default={}, description="Literal replacements in the text, e.g. {'<br />': ' '}")
     group: str | None = Field(default=None, description="Sources with the same group are pooled in metrics "
                               "(e.g. a file of toxic and a file of normal sentences -> one AUROC)")
     licence: str | None = None
@@ -188,6 +189,11 @@ def _decode(path: Path) -> str:
     return text[1:] if text.startswith("\ufeff") else text
 
 
+def _lines(content: str) -> list[str]:
+    """Split on newlines only: str.splitlines() also splits on U+2028, U+0085 ..., which occur inside texts."""
+    return [line[:-1] if line.endswith("\r") else line for line in content.split("\n")]
+
+
 def _dotted(record, dotted: str):
     """Follow ``a.b.c`` through nested dicts; raise KeyError naming the missing part."""
     value = record
@@ -208,12 +214,12 @@ def _rows(source: DataSource, path: Path) -> Iterator[tuple[int, object, object]
     if fmt == "lines":
         if source.label is not None:
             raise DataError(f"{path}: a plain-text file has no columns; use `label_value` instead of `label`.")
-        for number, line in enumerate(content.splitlines(), start=1):
+        for number, line in enumerate(_lines(content), start=1):
             if line.strip():
                 yield number, line, source.label_value
         return
     if fmt == "jsonl":
-        for number, line in enumerate(content.splitlines(), start=1):
+        for number, line in enumerate(_lines(content), start=1):
             if not line.strip():
                 continue
             try:
@@ -306,7 +312,16 @@ def read_source(source: DataSource, index: int, data_root: Path | None, seed: in
                 continue
             raise DataError(f"{path}:{number}: {problem}. "
                             "Fix the row, or set `skip_invalid: true` for this source to drop such rows.")
-        examples.append(Example(raw_text.strip(), label, index, number))
+        text = raw_text
+        for old, new in source.replace.items():
+            text = text.replace(old, new)
+        if not text.strip():
+            if source.skip_invalid:
+                stats.skipped += 1
+                stats.skip_reasons["text empty"] = stats.skip_reasons.get("text empty", 0) + 1
+                continue
+            raise DataError(f"{path}:{number}: text is empty after the `replace` substitutions.")
+        examples.append(Example(text.strip(), label, index, number))
     if not examples:
         raise DataError(f"{path}: no usable rows ({stats.rows} read, {stats.skipped} skipped as invalid).")
     if source.limit is not None and len(examples) > source.limit:

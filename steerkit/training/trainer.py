@@ -216,7 +216,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         optimizer_from_tensors(optimizer, ckpt.optimizer_tensors, state["optimizer_param_groups"])
         torch.set_rng_state(rng)
         step, history, elapsed_before = state["step"], state.get("history", []), state.get("train_seconds", 0.0)
-        resumed_from = str(ckpt.path)
+        resumed_from = ckpt.path.name
         _log(f"resuming from {ckpt.path} (step {step}/{total})")
 
     dev_rng = random.Random(f"{config.seed}:dev-monitor")
@@ -231,7 +231,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, initial=step, desc=f"train {config.name}", unit="step", dynamic_ncols=True,
-                   file=sys.stderr)
+                   file=sys.stderr, mininterval=0.2 if sys.stderr.isatty() else 10.0)  # logs stay small
     _log(f"{len(dataset.train)} train / {len(dataset.dev)} dev examples from {len(config.data)} source(s), "
          f"{batches_per_epoch} steps per epoch, {total} steps, method {config.method}, "
          f"{model.config.num_layers} layers, {sum(p.numel() for p in params.values()):,} trainable parameters", bar)
