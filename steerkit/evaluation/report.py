@@ -97,7 +97,8 @@ def write_report(result: dict, path: str | Path, *, plots: dict | None = None, b
     base = Path(base) if base else path.parent
     head = [f"# steerkit eval: {result['task']}", "",
             f"- LM: `{result['lm']}`; fluency LM: `{result.get('eval_lm') or 'not computed'}`",
-            f"- grid reward: `{result.get('reward')}` ({result.get('direction')}; β is its magnitude)",
+            *([f"- grid reward: `{result.get('reward')}` ({result.get('direction')}; β is its magnitude)"]
+              if any(r["steered"] and len(r["rewards"]) == 1 for r in result["results"]) else []),
             f"- {result['num_continuations']} continuations per prompt, ≤ {result['max_new_tokens']} new tokens; "
             f"Dist-n normalised by {'total words' if result.get('dist_normalize', 'words') == 'words' else 'total n-grams'}",
             "- Δ: relative change against the unsteered baseline with the same k on the same prompts", ""]
