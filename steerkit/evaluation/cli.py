@@ -105,7 +105,13 @@ def _command(task: str):
         total = len(runner.units())
         if pending < total:
             err.print(f"resuming {cfg.output}: {total - pending} of {total} prompt×setting units already done")
-        result = runner.run(stage or STAGES)
+        try:
+            result = runner.run(stage or STAGES)
+        except KeyboardInterrupt:
+            done = total - len(runner.pending())
+            err.print(f"interrupted: {done} of {total} prompt×setting units are saved in {cfg.output}; "
+                      "rerun the same command to resume.")
+            raise typer.Exit(130) from None
         _summary(result)
         err.print(f"results in {cfg.output}/ (report.md, metrics.json, generations.jsonl)")
 

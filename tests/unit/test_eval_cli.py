@@ -149,3 +149,21 @@ def test_scorers_command_lists_builtins():
     result = CliRunner().invoke(app, ["eval", "scorers", "--json"])
     names = {e["name"] for e in json.loads(result.stdout)}
     assert {"tox-block", "alt-profanity-check", "vader", "textblob", "hf-classifier", "perspective"} <= names
+
+
+def test_ctrl_c_reports_how_to_resume(tmp_path, saved_models, monkeypatch):
+    from steerkit.evaluation import runner as runner_module
+
+    lm_dir, rm_dir, prompts = saved_models
+
+    def interrupted(self, stages):
+        self.generate(limit=2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner_module.EvalRunner, "run", interrupted)
+    result = CliRunner().invoke(app, ["eval", "toxicity", "-p", str(prompts), "--field", "meta.text", "--lm",
+                                      str(lm_dir), "-r", str(rm_dir), "-b", "5", "-n", "2", "-t", "3",
+                                      "--no-fluency", "-o", str(tmp_path / "run"), "-q", "--threads", "1"])
+    assert result.exit_code == 130
+    text = " ".join(result.output.split())
+    assert "2 of 6" in text and "rerun the same command to resume" in text
