@@ -23,6 +23,8 @@ class RewardSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, description="Registered reward name or reward-model directory")
+    label: str | None = Field(default=None, min_length=1,
+                              description="Name in traces and outputs (default: name); needed to use a reward twice")
     beta: float = Field(description="Signed weight; β < 0 steers away from the attribute")
     transform: Literal["none", "invert", "clamp"] = "none"
     clamp: tuple[float, float] = (0.0, 1.0)
@@ -51,7 +53,7 @@ class RewardSpec(BaseModel):
 
         reward = load_reward(self.name, backend=backend, context=self.context)
         schedule = BetaSchedule(self.beta, self.schedule, self.beta_start, self.ramp_steps)
-        return SteeringTerm(reward, schedule, make_transform(self.transform, self.clamp), name=self.name)
+        return SteeringTerm(reward, schedule, make_transform(self.transform, self.clamp), name=self.label or self.name)
 
 
 class SteeringConfig(BaseModel):

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from .errors import InvalidArgumentError, PromptTooLongError
 from .models import context_length
-from .steering import SteeringTerm, reweight, validate_k
+from .steering import SteeringTerm, check_terms, reweight, validate_k
 
 
 @dataclass
@@ -79,7 +79,7 @@ class RewardAugmentedGenerator:
     def __init__(self, model, tokenizer, terms: Sequence[SteeringTerm] = (), *, k: int = 20):
         self.model = model.eval()
         self.tokenizer = tokenizer
-        self.terms = list(terms)
+        self.terms = check_terms(list(terms))
         self.k = validate_k(k, model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") else model.config.vocab_size)
 
     def format_prompts(self, prompts: list[str], chat_template: bool) -> list[str]:

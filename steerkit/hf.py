@@ -15,13 +15,13 @@ from typing import Sequence
 import torch
 from transformers import LogitsProcessor
 
-from .steering import SteeringTerm, reweight, validate_k
+from .steering import SteeringTerm, check_terms, reweight, validate_k
 
 
 class RewardAugmentedLogitsProcessor(LogitsProcessor):
     def __init__(self, tokenizer, terms: Sequence[SteeringTerm], k: int = 20):
         self.tokenizer = tokenizer
-        self.terms = list(terms)
+        self.terms = check_terms(list(terms))
         self.k = validate_k(k, len(tokenizer))
         self._sessions = None
         self._last_ids: torch.Tensor | None = None

@@ -24,6 +24,12 @@ class BetaSchedule:
     start: float = 0.0
     steps: int = 1
 
+    def __post_init__(self):
+        if self.kind not in ("constant", "linear"):
+            raise InvalidArgumentError(f"Unknown beta schedule kind {self.kind!r}; use 'constant' or 'linear'.")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise InvalidArgumentError(f"A linear beta ramp needs steps >= 1 (an integer), got {self.steps!r}.")
+
     def at(self, step: int) -> float:
         if self.kind == "constant" or step >= self.steps:
             return self.beta
@@ -63,6 +69,19 @@ class StepResult:
     topk_logits: torch.Tensor  # [B, k]
     rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B, k]
     combined: torch.Tensor | None = None  # [B, k]
+
+
+def check_terms(terms: list[SteeringTerm]) -> list[SteeringTerm]:
+    """Term names key the per-step rewards and traces, so they must be distinct."""
+    seen: set[str] = set()
+    for term in terms:
+        if term.name in seen:
+            raise InvalidArgumentError(
+                f"Two steering terms are named {term.name!r}; give them distinct names (SteeringTerm(name=...), "
+                "`label` in a config file) or combine their betas into one term."
+            )
+        seen.add(term.name)
+    return terms
 
 
 def validate_k(k: int, vocab_size: int) -> int:
