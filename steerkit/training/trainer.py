@@ -25,6 +25,7 @@ import signal
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -72,7 +73,9 @@ def build_model(config: TrainConfig) -> RewardModel:
         except ImportError:
             raise ConfigError("method 'lora' needs peft: pip install 'steerkit[train]' (or pick method 'head').") from None
         try:
-            model.backbone = get_peft_model(model.backbone, lora_config(config.lora))
+            with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x (harmless)
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                model.backbone = get_peft_model(model.backbone, lora_config(config.lora))
         except ValueError as exc:
             raise ConfigError(f"lora.target_modules {config.lora.target_modules} do not fit backbone "
                               f"{config.backbone!r}: {exc}") from None

@@ -107,3 +107,54 @@ def test_auroc_matches_pair_counting():
     assert accuracy([0.2, 0.7, 0.5], [0, 1, 0]) == pytest.approx(2 / 3)
     m = summarise([0.9, 0.1], [1.0, 0.0], {0.5: [0.6, 0.6]})
     assert m["mse"] == pytest.approx(0.01) and m["auroc"] == 1.0 and m["accuracy_at_50pct"] == 0.5
+
+
+# -- checkpoints (kept here: fast, no model) ----------------------------------------------------------
+
+def _optimizer():
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(4))]
+    opt = torch.optim.AdamW(params, lr=1e-2, foreach=False)
+    for _ in range(3):
+        (params[0].sum() ** 2 + params[1].pow(3).sum()).backward()
+        opt.step()
+        opt.zero_grad()
+    return params, opt
+
+
+def test_checkpoint_round_trips_optimizer_state_exactly(tmp_path):
+    from steerkit.training.checkpoint import load_checkpoint, optimizer_from_tensors, save_checkpoint
+
+    params, opt = _optimizer()
+    save_checkpoint(tmp_path, 3, {"a": params[0], "b": params[1]}, opt, {"note": "x"}, keep=2)
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.state["step"] == 3 and ckpt.state["note"] == "x"
+    fresh = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt2 = torch.optim.AdamW(fresh, lr=5.0, foreach=False)
+    ckpt.optimizer_tensors.pop("rng.torch")
+    optimizer_from_tensors(opt2, ckpt.optimizer_tensors, ckpt.state["optimizer_param_groups"])
+    a, b = opt.state_dict(), opt2.state_dict()
+    assert a["param_groups"] == b["param_groups"]
+    for i in a["state"]:
+        for key, value in a["state"][i].items():
+            assert torch.equal(value, b["state"][i][key])
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary directory left behind
+
+
+def test_load_checkpoint_skips_incomplete_or_corrupt_ones(tmp_path):
+    from steerkit.errors import CheckpointError
+    from steerkit.training.checkpoint import load_checkpoint, save_checkpoint
+
+    params, opt = _optimizer()
+    for step in (2, 4, 6):
+        save_checkpoint(tmp_path, step, {"a": params[0]}, opt, {}, keep=3)
+    (tmp_path / ".step-0000008.tmp123").mkdir()  # a writer killed mid-way
+    newest = tmp_path / "step-0000006" / "trainable.safetensors"
+    newest.write_bytes(newest.read_bytes()[:20])  # corrupted after the fact
+    assert load_checkpoint(tmp_path).state["step"] == 4
+    (tmp_path / "latest").write_text("step-0000099\n")  # dangling pointer
+    assert load_checkpoint(tmp_path).state["step"] == 4
+    save_checkpoint(tmp_path, 8, {"a": params[0]}, opt, {}, keep=2)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-0000006", "step-0000008"]
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_checkpoint(tmp_path / "nowhere")
