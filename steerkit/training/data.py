@@ -229,16 +229,16 @@ def _rows(source: DataSource, path: Path) -> Iterator[tuple[int, object, object]
             try:
                 text = _dotted(record, source.text)
             except KeyError as exc:
-                raise DataError(f"{path}:{number}: missing text field {exc.args[0]!r}"
-                                f"{_keys_hint(record)}.") from None
+                yield number, _RowProblem(f"missing text field {exc.args[0]!r}{_keys_hint(record)}", "text missing"), None
+                continue
             if source.label is None:
                 label = source.label_value
             else:
                 try:
                     label = _dotted(record, source.label)
                 except KeyError as exc:
-                    raise DataError(f"{path}:{number}: missing label field {exc.args[0]!r}"
-                                    f"{_keys_hint(record)}.") from None
+                    yield number, _RowProblem(f"missing label field {exc.args[0]!r}{_keys_hint(record)}", "label missing"), None
+                    continue
             yield number, text, label
         return
     delimiter = "\t" if fmt == "tsv" else ","
@@ -269,14 +269,19 @@ def _rows(source: DataSource, path: Path) -> Iterator[tuple[int, object, object]
             continue
         needed = max(text_col, label_col if label_col is not None else 0)
         if len(row) <= needed:
-            yield start, _ShortRow(f"row has {len(row)} fields, expected at least {needed + 1} (columns "
-                                   f"{list(columns)}); check the delimiter and quoting"), None
+            yield start, _RowProblem(f"row has {len(row)} fields, expected at least {needed + 1} (columns "
+                                     f"{list(columns)}); check the delimiter and quoting", "row too short"), None
             continue
         yield start, row[text_col], (row[label_col] if label_col is not None else source.label_value)
 
 
-class _ShortRow(str):
-    """Marks a CSV/TSV row with too few fields (a row-level problem, skippable with skip_invalid)."""
+class _RowProblem(str):
+    """A row-level problem found while parsing (too few fields, a missing JSON field): skippable with skip_invalid."""
+
+    def __new__(cls, message: str, kind: str):
+        obj = super().__new__(cls, message)
+        obj.kind = kind
+        return obj
 
 
 def _keys_hint(record) -> str:
@@ -293,8 +298,8 @@ def read_source(source: DataSource, index: int, data_root: Path | None, seed: in
     for number, raw_text, raw_label in _rows(source, path):
         stats.rows += 1
         problem = kind = None
-        if isinstance(raw_text, _ShortRow):
-            problem, kind = str(raw_text), "row too short"
+        if isinstance(raw_text, _RowProblem):
+            problem, kind = str(raw_text), raw_text.kind
         elif not isinstance(raw_text, str):
             problem = f"text is {type(raw_text).__name__}, not a string" if raw_text is not None else "text is null"
             kind = "text missing"

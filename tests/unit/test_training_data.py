@@ -192,3 +192,21 @@ def test_yaml_and_toml_are_equivalent_and_paths_are_relative_to_the_file(tmp_pat
     monkeypatch.setenv("STEERKIT_DATA_ROOT", "/elsewhere")
     assert TrainConfig.from_file(yaml_file).resolved_data_root() == Path("/elsewhere")
     assert TrainConfig.from_file(yaml_file, {"data_root": "/flag"}).resolved_data_root() == Path("/flag")
+
+
+def test_row_level_parse_problems_are_skippable(tmp_path):
+    jsonl = write(tmp_path, "p.jsonl", '{"text": "a", "label": 1}\n{"label": 1}\n{"text": "b"}\n')
+    with pytest.raises(DataError, match=re.escape(f"{jsonl}:2: missing text field 'text'")):
+        read(jsonl)
+    ex, stats = read(jsonl, skip_invalid=True)
+    assert [e.text for e in ex] == ["a"] and stats.skip_reasons == {"text missing": 1, "label missing": 1}
+    tsv = write(tmp_path, "p.tsv", "text\tlabel\na\t1\nno-label-field\n")
+    with pytest.raises(DataError, match=re.escape(f"{tsv}:3: row has 1 fields")):
+        read(tsv)
+    assert read(tsv, skip_invalid=True)[1].skip_reasons == {"row too short": 1}
+
+
+def test_replace_and_unicode_line_separators(tmp_path):
+    path = write(tmp_path, "u.jsonl", json.dumps({"text": "one\u2028two<br />three", "label": 1}) + "\n")
+    ex, _ = read(path, replace={"<br />": " "})
+    assert [(e.text, e.line) for e in ex] == [("one\u2028two three", 1)]
