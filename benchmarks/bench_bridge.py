@@ -1,0 +1,181 @@
+"""Extra cost of tokenizer bridging: a reward model whose tokenizer differs from the LM's, vs the same reward
+model used with an LM that shares its tokenizer.
+
+Reward model: SmolLM2-135M cut to 4 layers (the shipped toxicity/sentiment shape; an untrained head, which
+does not change the cost). The reward session alone is timed (score k candidates + commit one, per step),
+driven over the same English passages tokenized by each LM, with each step's candidates taken from the
+LM's real top-k at that position (teacher forcing):
+
+  same     LM tokenizer = SmolLM2's (SameTokenizerSession: each candidate is one token)
+  bridged  LM tokenizer = Gemma 3's (BridgedSession: unstable tail + candidate text re-tokenized, blocks)
+
+Prints a table and writes JSON to benchmarks/results/bench_bridge.json.
+
+    python benchmarks/bench_bridge.py --threads 1   # ~1 min on a busy 2-core machine once the models are cached
+    python benchmarks/bench_bridge.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from steerkit.models import load_causal_lm_cached
+from steerkit.rewards.bridge import BridgedSession
+from steerkit.rewards.model import RewardModel
+from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sessions import SameTokenizerSession
+
+PASSAGES = [
+    "The weather in Paris today is mild and grey, with a light wind from the west and a chance of rain "
+    "in the late afternoon. Most people are walking along the river, talking about the long holiday weekend.",
+    "My neighbour told me that the new restaurant on the corner serves the best noodles in town, but the "
+    "queue is always long and the prices went up twice since it opened in the spring of last year.",
+    "Scientists have discovered a new species of frog in the mountains of Peru. It is only two centimetres "
+    "long, lives under wet leaves, and sings at night with a call that sounds like a dripping tap.",
+    "When I opened the door, I saw a small brown dog sitting on the mat, holding a letter in its mouth as if "
+    "it had been waiting for hours. Nobody in the street knew where it came from or who had sent it.",
+    "The best way to learn a language is to use it every day: read short stories, listen to the radio, "
+    "write a few sentences about your day, and do not be afraid of making mistakes when you speak.",
+    "Yesterday the city council voted to close the old bridge to cars and turn it into a park with trees, "
+    "benches and a small market on Sundays, after three years of debate and two public consultations.",
+    "She looked at the old photograph and smiled. Her grandmother stood in front of the bakery in 1952, "
+    "wearing a white apron, with flour on her hands and the whole family crowded behind the window.",
+    "In the year 2050, most people will work fewer hours, travel by train for distances under a thousand "
+    "kilometres, and grow some of their own food on roofs and balconies across the large cities.",
+]
+
+
+class Timed:
+    """Wraps a scoring cache, accumulating the seconds spent inside its methods (the model's forwards)."""
+
+    def __init__(self, cache):
+        self.cache, self.seconds = cache, 0.0
+        self.widths: list[int] = []
+
+    def __getattr__(self, name):
+        attr = getattr(self.cache, name)
+        if name not in {"score_blocks", "commit_choice", "append", "rollback"}:
+            return attr
+
+        def timed(*args, **kwargs):
+            if name == "score_blocks":
+                self.widths.append(args[0].shape[-1])
+            t = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t
+
+        return timed
+
+
+def lm_topk(model, tokenizer, texts: list[str], k: int, steps: int):
+    """Per position, the LM's ids of the passage and its top-k candidates there (one teacher-forced forward)."""
+    ids = [tokenizer(t, add_special_tokens=False)["input_ids"][:steps] for t in texts]
+    n = min(len(r) for r in ids)
+    ids = torch.tensor([r[:n] for r in ids])
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    inputs = torch.cat([torch.full((ids.shape[0], 1), bos), ids[:, :-1]], dim=1)
+    with torch.no_grad():
+        logits = model(inputs).logits.float()
+    top = logits.topk(k, dim=-1).indices  # [B, n, k]
+    # the passage's own token must be a candidate (it is what gets committed)
+    hit = (top == ids[..., None]).any(-1)
+    top[..., -1] = torch.where(hit, top[..., -1], ids)
+    return ids, top
+
+
+def run_session(scorer, tokenizer, ids, top, warmup: int = 2):
+    B, n = ids.shape
+    session = scorer.start([""] * B, tokenizer)
+    timed = Timed(session.cache)
+    session.cache = timed
+    times = []
+    for t in range(n):
+        start = time.perf_counter()
+        session.score(top[:, t])
+        session.commit(ids[:, t])
+        times.append(time.perf_counter() - start)
+        if t == warmup - 1:
+            timed.seconds = 0.0
+    measured = times[warmup:]
+    total = sum(measured)
+    return {
+        "session": type(session).__name__, "steps": len(measured),
+        "ms_per_step": 1000 * total / len(measured), "ms_per_step_median": 1000 * statistics.median(measured),
+        "model_ms_per_step": 1000 * timed.seconds / len(measured),
+        "other_ms_per_step": 1000 * (total - timed.seconds) / len(measured),
+        "block_width_mean": statistics.mean(timed.widths) if timed.widths else 1.0,
+        "block_width_max": max(timed.widths) if timed.widths else 1,
+        "cache_columns_end": timed.cache.length,
+        "cache_real_tokens_end_max": int(timed.cache.mask.sum(1).max()),
+        "chars_per_step": sum(len(tokenizer.decode(r, skip_special_tokens=True)) for r in ids.tolist()) / (B * n),
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer steps")
+    parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--layers", type=int, default=4, help="reward-model depth (SmolLM2 layers)")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_bridge.json")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    steps = 16 if args.quick else 40
+
+    smol, smol_tok, _ = load_causal_lm_cached("smollm2-135m-instruct")
+    gemma, gemma_tok, _ = load_causal_lm_cached("gemma3-270m")
+    rm = RewardModel.from_backbone("smollm2-135m-instruct", args.layers, name="rm")
+    scorer = RewardModelScorer(rm)
+
+    rows = []
+    for batch in (1, 8):
+        texts = PASSAGES[:batch]
+        for label, model, tok, expected in (("same", smol, smol_tok, SameTokenizerSession),
+                                            ("bridged", gemma, gemma_tok, BridgedSession)):
+            ids, top = lm_topk(model, tok, texts, args.k, steps)
+            result = run_session(scorer, tok, ids, top)
+            assert result["session"] == expected.__name__
+            rows.append({"batch": batch, "k": args.k, "mode": label, "lm_tokenizer": type(tok).__name__, **result})
+
+    print(f"\nReward session cost per step (RM: SmolLM2 {args.layers} layers, k={args.k}, "
+          f"torch threads={torch.get_num_threads()})\n")
+    header = f"{'B':>2} {'mode':<8} {'ms/step':>8} {'median':>7} {'model':>7} {'other':>7} {'block m':>8} {'chars/step':>10}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['batch']:>2} {r['mode']:<8} {r['ms_per_step']:>8.1f} {r['ms_per_step_median']:>7.1f} "
+              f"{r['model_ms_per_step']:>7.1f} {r['other_ms_per_step']:>7.1f} {r['block_width_mean']:>8.2f} "
+              f"{r['chars_per_step']:>10.2f}")
+    summary = {}
+    for batch in (1, 8):
+        same, bridged = (next(r for r in rows if r["batch"] == batch and r["mode"] == m) for m in ("same", "bridged"))
+        per_char = (bridged["ms_per_step"] / bridged["chars_per_step"]) / (same["ms_per_step"] / same["chars_per_step"])
+        summary[f"B{batch}"] = {"overhead_per_step": bridged["ms_per_step"] / same["ms_per_step"] - 1,
+                                "overhead_per_character": per_char - 1}
+        print(f"B={batch}: bridging costs {100 * summary[f'B{batch}']['overhead_per_step']:+.0f}% per step, "
+              f"{100 * summary[f'B{batch}']['overhead_per_character']:+.0f}% per character of text")
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": "bench_bridge", "reward_model": f"smollm2-135m-instruct[:{args.layers}]",
+               "lms": {"same": "smollm2-135m-instruct", "bridged": "gemma3-270m"}, "k": args.k,
+               "steps_per_row": steps, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                           "load_average": os.getloadavg()},
+               "rows": rows, "summary": summary}
+    args.out.write_text(json.dumps(payload, indent=2))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
