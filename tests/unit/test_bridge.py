@@ -154,3 +154,13 @@ def test_hf_logits_processor_with_a_bridged_reward(families):
     done = seq[0, enc["input_ids"].shape[1]:-1].tolist()
     texts = [lm_tok.decode(done + [c], skip_special_tokens=True) for c in step.topk_ids[0].tolist()]
     assert torch.allclose(step.rewards["r"][0], torch.tensor(rm.score_texts(texts)), atol=1e-4)
+
+
+def test_bridging_on_the_onnx_backend(families):
+    pytest.importorskip("onnxruntime")
+    from steerkit.rewards.onnx_backend import OnnxScoringCache
+
+    rm = tiny_reward(families["bpe"], seed=8)
+    session = RewardModelScorer(rm, backend="onnx").start(["", ""], families["metaspace"])
+    assert isinstance(session, BridgedSession) and isinstance(session.cache, OnnxScoringCache)
+    assert drive(session, families["metaspace"], rm, TEXTS, ["", ""], force_every=9) >= 20
