@@ -125,3 +125,26 @@ def test_cli_generate_gemma_with_the_toxicity_plugin(gemma):
                                       "toxicity=-10", "--max-new-tokens", "6", "--seed", "0", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output.strip().splitlines()[-1])["rewards"][0]["name"] == "toxicity"
+
+
+def test_reverse_direction_smollm2_lm_gemma_rm():
+    """Gemma 3 as the reward model (sliding-window attention layers) behind a SmolLM2 LM tokenizer."""
+    import sys
+    from pathlib import Path
+
+    from steerkit.models import load_tokenizer
+    from steerkit.rewards.bridge import BridgedSession
+    from steerkit.rewards.model import RewardModel
+    from steerkit.rewards.scorer import RewardModelScorer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+    from test_bridge import drive
+
+    rm = RewardModel.from_backbone("gemma3-270m", 4, name="gemma-rm")
+    assert "sliding_attention" in rm.backbone.config.layer_types
+    torch.manual_seed(0)
+    torch.nn.init.normal_(rm.head.weight, std=0.2)
+    tok = load_tokenizer("smollm2-135m-instruct")
+    session = RewardModelScorer(rm, context="full").start(["Say: ", "x"], tok)
+    assert isinstance(session, BridgedSession)
+    assert drive(session, tok, rm, TEXTS, ["Say: ", "x"], k=6, force_every=9) >= 20
