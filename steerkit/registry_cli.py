@@ -48,7 +48,10 @@ def plugins(
             version = f"{info.distribution} {version}"
         regs = by_plugin.get(info.name) or [None]
         for i, reg in enumerate(regs):
-            provides = f"{reg.kind} [bold]{reg.name}[/]" if reg else ("[red]failed to load[/]" if not info.loaded else "-")
+            if reg is not None:
+                provides = f"{reg.kind} [bold]{reg.name}[/]"
+            else:
+                provides = "-" if info.loaded else "[red]failed to load[/]"
             table.add_row(info.name if i == 0 else "", version if i == 0 else "", provides,
                           reg.description if reg else "")
     console.print(table)
