@@ -427,6 +427,12 @@ def reward_model_factory(directory: str | os.PathLike, *, name: str, package: st
                 "Train it (`steerkit train ...`), copy the reward-model directory there, and reinstall the "
                 "package; or pass a reward-model directory path instead of the name."
             )
+        if backend == "onnx":  # the ONNX path needs no torch weights: it checks files by hash
+            from .rewards.loading import load_reward
+
+            scorer = load_reward(str(directory), backend="onnx", context=context)
+            scorer.name = name
+            return scorer
         return RewardModelScorer(_load_reward_model(str(directory.resolve())), name=name, backend=backend,
                                  context=context)
 

@@ -51,3 +51,7 @@ requires_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"labelled d
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+# Tiny models run fastest single-threaded, and one thread keeps the suite robust on a busy 2-core machine.
+torch.set_num_threads(1)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import PluginError
 from .model import CONFIG_NAME, RewardModel
 from .scorer import RewardModelScorer
 
@@ -26,10 +25,6 @@ def load_reward(reference: str, *, backend: str = "torch", context: str = "conti
                               "the reward-model directory it was exported from for backend 'torch'.")
         model = RewardModel.from_pretrained(directory)
         return RewardModelScorer(model, name=model.config.name, backend=backend, context=context)
-    try:
-        from ..registry import get_reward
-    except ImportError:  # registry not available
-        get_reward = None
-    if get_reward is None:
-        raise PluginError(f"Unknown reward {reference!r}: pass a path to a reward-model directory.")
+    from ..registry import get_reward
+
     return get_reward(reference, backend=backend, context=context)
