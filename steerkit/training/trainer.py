@@ -64,7 +64,8 @@ def build_model(config: TrainConfig) -> RewardModel:
     model = RewardModel.from_backbone(config.backbone, config.num_layers, name=config.name,
                                       attribute=config.attribute, max_length=config.max_length)
     model.config = model.config.model_copy(update={
-        "method": config.method, "lora": config.lora if config.method == "lora" else None})
+        "method": config.method, "lora": config.lora if config.method == "lora" else None,
+        "tokenizer": config.backbone})  # stated explicitly in the saved config
     if config.method in {"head", "lora"}:
         model.backbone.requires_grad_(False)
     if config.method == "lora":
@@ -170,7 +171,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     data_root = config.resolved_data_root()
     dataset = build_dataset(config.data, config.eval, data_root, seed=config.seed, dev_fraction=config.dev_fraction,
                             dev_max_per_source=config.dev_max_per_source, dedup=config.dedup)
-    data_hashes = {s.path: s.sha256 for s in dataset.stats}
+    data_hashes = {s.path: s.sha256 for s in dataset.stats + [st for _, _, st in dataset.eval_sets]}
     ckpt_dir = config.checkpoint_path
     if not resume and has_checkpoints(ckpt_dir):
         if not overwrite:

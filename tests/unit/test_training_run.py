@@ -149,7 +149,7 @@ def test_trained_directory_loads_everywhere(workspace):
             "training_config.json"} <= {p.name for p in out.iterdir()}
     saved = json.loads((out / "reward_config.json").read_text())
     assert saved["backbone"] == str(workspace / "backbone") and len(saved["backbone_fingerprint"]) == 64
-    assert saved["method"] == "lora" and saved["name"] == "tinyrm"
+    assert saved["method"] == "lora" and saved["name"] == "tinyrm" and saved["tokenizer"] == saved["backbone"]
 
     model = RewardModel.from_pretrained(out)
     texts = ["I love this movie and so much fun", "I hate it and terrible and awful"]
