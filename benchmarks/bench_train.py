@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     table = Table(title=f"reward-model training, {args.backbone}, batch {args.batch_size} x {args.seq_len} tokens, "
-                        f"{torch.get_num_threads()} threads")
+                        f"{torch.get_num_threads()} thread(s)")
     for col in ("method", "layers", "examples/s", "tokens/s", "s/step (median)", "trainable params"):
         table.add_column(col, justify="right")
     for c in cells:
