@@ -104,7 +104,7 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
         out += ["Held-out test sets:", ""] + _metrics_table(metrics["eval"]) + [""]
         lengths = sorted({m.get("max_length") or config.max_length for m in metrics["eval"].values()})
         out += [f"Test texts are truncated to their first {', '.join(str(x) for x in lengths)} tokens (start token "
-                "included), as in training: long reviews are judged on their opening only.", ""]
+                "included), as in training: long texts are judged on their opening only.", ""]
     if metrics.get("dev"):
         out += [f"Dev split, held out from training (seeded {config.dev_fraction:.0%} of each training source, at most "
                 f"{config.dev_max_per_source} rows each; rows of one file line stay on one side):", ""]
