@@ -30,7 +30,6 @@ import torch
 from steerkit.decoding import RewardAugmentedGenerator
 from steerkit.models import load_causal_lm_cached
 from steerkit.rewards.model import RewardModel
-from steerkit.rewards.scorer import RewardModelScorer
 from steerkit.rewards.sessions import SameTokenizerSession
 from steerkit.rewards.torch_cache import TorchScoringCache
 from steerkit.steering import SteeringTerm
@@ -158,24 +157,63 @@ def run(lm, tok, reward, k, prompts, n, steps, repeats=1):
             "rm_peak_kv_bytes": PeakTracker.peak}
 
 
+def shipped_models(lm, tok, steps):
+    """RAD/plain decode time at k=20, batch 1, with the shipped reward models (issue target: <= 1.5x)."""
+    from steerkit.rewards.loading import load_reward
+    from steerkit.errors import SteerkitError
+
+    print("== shipped reward models, 1 row, k=20", flush=True)
+    try:
+        rewards = {name: load_reward(name) for name in ("toxicity", "sentiment")}
+    except SteerkitError as exc:
+        print(f"  skipped: {exc}")
+        return {"skipped": str(exc)}
+    results = {"plain": run(lm, tok, None, 20, PROMPTS[:1], 1, steps, repeats=3)}
+    for name, reward in rewards.items():
+        results[name] = run(lm, tok, reward, 20, PROMPTS[:1], 1, steps, repeats=3)
+    results["toxicity+sentiment"] = run_terms(lm, tok, list(rewards.values()), 20, PROMPTS[:1], steps)
+    for name, r in results.items():
+        r["over_plain"] = r["step_ms"] / results["plain"]["step_ms"]
+        print(f"  {name:22s} {r['step_ms']:9.1f} ms/step {r['tokens_per_s']:8.1f} tok/s  {r['over_plain']:.2f}x plain",
+              flush=True)
+    return results
+
+
+def run_terms(lm, tok, rewards, k, prompts, steps, repeats=3):
+    gen = RewardAugmentedGenerator(lm, tok, [SteeringTerm(r, 10.0) for r in rewards], k=k)
+    times = []
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        out = gen.generate(prompts, max_new_tokens=steps, seed=r, eos_token_id=[])
+        times.append((time.perf_counter() - t0, sum(out.num_new_tokens)))
+    seconds, tokens = min(times)
+    return {"seconds": seconds, "step_ms": 1000 * seconds / steps, "tokens_per_s": tokens / seconds}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps (noisier)")
     parser.add_argument("--rm-layers", type=int, default=30, help="reward-model depth (30 = full SmolLM2)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is steadier on a busy machine)")
+    parser.add_argument("--skip-baselines", action="store_true", help="only the shipped reward models section")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_decode.json"))
     args = parser.parse_args()
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     lm, tok, _ = load_causal_lm_cached("smollm2-135m-instruct")
-    rm = RewardModel.from_backbone("smollm2-135m-instruct", args.rm_layers, name="rm")
     steps = 8 if args.quick else 20
+    shipped = shipped_models(lm, tok, steps)
     reencode_steps = 2 if args.quick else 4
+    rm = RewardModel.from_backbone("smollm2-135m-instruct", args.rm_layers, name="rm")
     variants = {
         "shared": BaselineReward(rm, SharedPrefix),
         "copy": BaselineReward(rm, CopyPerCandidate),
         "reencode": BaselineReward(rm, Reencode),
     }
     rows = []
-    for label, prompts, n in (("1 row", PROMPTS[:1], 1), ("32 rows", PROMPTS, 4)):
+    settings = () if args.skip_baselines else (("1 row", PROMPTS[:1], 1), ("32 rows", PROMPTS, 4))
+    for label, prompts, n in settings:
         print(f"== {label}", flush=True)
         results = {"plain k=20": run(lm, tok, None, 20, prompts, n, steps, repeats=2)}
         for k in (20, 50):
@@ -202,7 +240,7 @@ def main():
     payload = {"benchmark": "bench_decode", "lm": "smollm2-135m-instruct", "rm_layers": args.rm_layers,
                "steps": steps, "reencode_steps": reencode_steps, "torch_threads": torch.get_num_threads(),
                "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-               "load_average": os.getloadavg(), "settings": rows}
+               "load_average": os.getloadavg(), "settings": rows, "shipped_models": shipped}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(payload, indent=2))
     print(f"wrote {args.out}")

@@ -144,5 +144,7 @@ def main() -> None:
         raise SystemExit(2) from None
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m steerkit.cli`: run the imported module's app, where commands registered
+    from steerkit.cli import main as _main
+
+    _main()

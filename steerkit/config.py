@@ -10,12 +10,26 @@ import json
 import math
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .models import DEFAULT_LM
+
+
+class ValidatedConfig(BaseModel):
+    """Base of every steerkit configuration: validation errors become one ConfigError naming each field path."""
+
+    model_config = ConfigDict(extra="forbid")
+    _source: ClassVar[str] = "config"
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str | None = None):
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, source or cls._source)) from None
 
 
 class RewardSpec(BaseModel):
@@ -56,10 +70,9 @@ class RewardSpec(BaseModel):
         return SteeringTerm(reward, schedule, make_transform(self.transform, self.clamp), name=self.label or self.name)
 
 
-class SteeringConfig(BaseModel):
+class SteeringConfig(ValidatedConfig):
     """Everything ``steerkit generate`` needs; CLI flags override file values."""
 
-    model_config = ConfigDict(extra="forbid")
     lm: str = DEFAULT_LM
     rewards: list[RewardSpec] = []
     k: int = Field(default=20, ge=1)
@@ -75,13 +88,6 @@ class SteeringConfig(BaseModel):
     @classmethod
     def from_file(cls, path: str | Path) -> "SteeringConfig":
         return cls.from_dict(load_config_file(path), source=str(path))
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "config") -> "SteeringConfig":
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, source)) from None
 
     def with_overrides(self, values: dict) -> "SteeringConfig":
         return self.from_dict({**self.model_dump(), **values}, source="command-line options")

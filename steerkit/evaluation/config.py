@@ -27,11 +27,11 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..config import RewardSpec, format_validation_error, load_config_file
+from ..config import RewardSpec, ValidatedConfig, load_config_file
 from ..errors import ConfigError
 from ..models import DEFAULT_EVAL_LM, DEFAULT_LM
 
@@ -86,7 +86,8 @@ class Setting(BaseModel):
         return abs(self.rewards[0].beta) if len(self.rewards) == 1 else float("nan")
 
 
-class EvalConfig(BaseModel):
+class EvalConfig(ValidatedConfig):
+    _source: ClassVar[str] = "eval config"
     model_config = ConfigDict(extra="forbid")
     task: Task = "toxicity"
     lm: str = DEFAULT_LM
@@ -168,13 +169,6 @@ class EvalConfig(BaseModel):
         """A copy with absolute prompt paths (what a run directory's config.json records)."""
         prompts = [{**p.model_dump(), "path": str(Path(p.path).expanduser().resolve())} for p in self.prompts]
         return self.with_overrides({"prompts": prompts})
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "eval config") -> "EvalConfig":
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, source)) from None
 
     def with_overrides(self, values: dict) -> "EvalConfig":
         data = self.model_dump(exclude_none=False)

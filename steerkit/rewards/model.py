@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -268,7 +269,9 @@ def _apply_lora(backbone: nn.Module, config: RewardModelConfig, state: dict) -> 
     """Attach the saved LoRA weights and merge them into the backbone (no adapter overhead at decode time)."""
     from peft import get_peft_model, set_peft_model_state_dict
 
-    peft_model = get_peft_model(backbone, lora_config(config.lora or LoraSettings()))
+    with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x
+        warnings.simplefilter("ignore", FutureWarning)
+        peft_model = get_peft_model(backbone, lora_config(config.lora or LoraSettings()))
     result = set_peft_model_state_dict(peft_model, state)
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     missing_lora = [k for k in getattr(result, "missing_keys", []) or [] if "lora_" in k]

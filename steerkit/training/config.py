@@ -13,12 +13,11 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import ConfigDict, Field, PrivateAttr
 
-from ..config import format_validation_error, load_config_file
-from ..errors import ConfigError
+from ..config import ValidatedConfig, load_config_file
 from ..models import DEFAULT_LM
 from ..rewards.model import LoraSettings
 from .data import DataSource
@@ -28,7 +27,8 @@ DEFAULT_LR = {"head": 1e-3, "lora": 5e-4, "full": 5e-5}
 _PATH_FIELDS = ("data_root", "output_dir", "checkpoint_dir", "card")
 
 
-class TrainConfig(BaseModel):
+class TrainConfig(ValidatedConfig):
+    _source: ClassVar[str] = "training config"
     model_config = ConfigDict(extra="forbid")
 
     # what the reward measures
@@ -94,13 +94,6 @@ class TrainConfig(BaseModel):
         config = cls.from_dict({**data, **(overrides or {})}, source=str(path))
         config._source_file = str(path)
         return config
-
-    @classmethod
-    def from_dict(cls, data: dict, source: str = "training config") -> "TrainConfig":
-        try:
-            return cls.model_validate(data)
-        except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, source)) from None
 
     def with_overrides(self, values: dict) -> "TrainConfig":
         config = self.from_dict({**self.model_dump(), **{k: v for k, v in values.items() if v is not None}},

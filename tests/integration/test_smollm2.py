@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -57,7 +56,7 @@ def test_cached_scoring_on_real_model(smollm2, smol_reward):
 
 def test_cli_generate_json(smol_reward):
     _, path = smol_reward
-    cmd = [sys.executable, "-m", "steerkit.cli", "generate", "The movie was", "--reward", f"{path}=20",
+    cmd = [sys.executable, "-m", "steerkit", "generate", "The movie was", "--reward", f"{path}=20",
            "-k", "20", "-n", "2", "--max-new-tokens", "8", "--seed", "1", "--json"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -68,7 +67,7 @@ def test_cli_generate_json(smol_reward):
 
 
 def test_cli_reports_typed_errors_without_traceback():
-    result = subprocess.run([sys.executable, "-m", "steerkit.cli", "generate", "hi", "--k", "0"],
+    result = subprocess.run([sys.executable, "-m", "steerkit", "generate", "hi", "--k", "0"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and "k" in result.stderr
@@ -76,7 +75,7 @@ def test_cli_reports_typed_errors_without_traceback():
 
 def test_cli_score(smol_reward):
     _, path = smol_reward
-    result = subprocess.run([sys.executable, "-m", "steerkit.cli", "score", "--reward", str(path), "--json",
+    result = subprocess.run([sys.executable, "-m", "steerkit", "score", "--reward", str(path), "--json",
                              "--prefixes", "Hello there", "You idiot"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout)["results"]
