@@ -135,7 +135,8 @@ class BaselineReward:
         self.model, self.cache_cls, self.name = model, cache_cls, name
 
     def start(self, prefixes, lm_tokenizer):
-        enc = self.model.encode([""] * len(prefixes))
+        # the reward model scores prompt + continuation, as the official RAD code does (the costlier case)
+        enc = self.model.encode(prefixes)
         return SameTokenizerSession(self.cache_cls(self.model, enc["input_ids"], enc["attention_mask"]),
                                     lm_tokenizer.pad_token_id)
 
@@ -202,9 +203,9 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     lm, tok, _ = load_causal_lm_cached("smollm2-135m-instruct")
-    steps = 8 if args.quick else 20
+    steps = 6 if args.quick else 12
     shipped = shipped_models(lm, tok, steps)
-    reencode_steps = 2 if args.quick else 4
+    reencode_steps = steps  # re-encoding cost grows with length: time the same steps as the others
     rm = RewardModel.from_backbone("smollm2-135m-instruct", args.rm_layers, name="rm")
     variants = {
         "shared": BaselineReward(rm, SharedPrefix),
@@ -217,7 +218,8 @@ def main():
         print(f"== {label}", flush=True)
         results = {"plain k=20": run(lm, tok, None, 20, prompts, n, steps, repeats=2)}
         for k in (20, 50):
-            results[f"(b) shared k={k}"] = run(lm, tok, variants["shared"], k, prompts, n, steps, repeats=2)
+            results[f"(b) shared k={k}"] = run(lm, tok, variants["shared"], k, prompts, n, steps,
+                                               repeats=2 if n == 1 else 1)
             results[f"(c) copy k={k}"] = run(lm, tok, variants["copy"], k, prompts, n, steps)
             results[f"(d) re-encode k={k}"] = run(lm, tok, variants["reencode"], k, prompts, n, reencode_steps)
         for name, r in results.items():
