@@ -21,15 +21,6 @@ TEXTS = [
 PREFIXES = ["Prompt: héllo", "Other prompt 1"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread is 30x faster than two on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def families():
     return {"bpe": make_tokenizer(kind="bpe"), "metaspace": make_tokenizer(kind="metaspace", vocab_size=350)}

@@ -21,14 +21,6 @@ K = 6
 PROMPTS = ["The movie was", "Café 12"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def setup():
     tok = make_tokenizer(kind="bpe")

@@ -19,14 +19,6 @@ from steerkit.rewards.model import RewardModel
 from steerkit.steering import BetaSchedule
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     """A tiny LM directory, a reward model on the same tokenizer and one on another tokenizer family."""
