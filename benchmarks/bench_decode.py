@@ -191,11 +191,22 @@ def run_terms(lm, tok, rewards, k, prompts, steps, repeats=3):
     return {"seconds": seconds, "step_ms": 1000 * seconds / steps, "tokens_per_s": tokens / seconds}
 
 
+def write_results(out, args, steps, reencode_steps, rows, shipped):
+    payload = {"benchmark": "bench_decode", "lm": "smollm2-135m-instruct", "rm_layers": args.rm_layers,
+               "rm_context": "prompt + continuation", "steps": steps, "reencode_steps": reencode_steps,
+               "torch_threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+               "cpus": os.cpu_count(), "load_average": os.getloadavg(), "settings": rows, "shipped_models": shipped}
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(payload, indent=2))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps (noisier)")
     parser.add_argument("--rm-layers", type=int, default=30, help="reward-model depth (30 = full SmolLM2)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (1 is steadier on a busy machine)")
+    parser.add_argument("--rows", nargs="+", default=["1 row", "32 rows"], choices=["1 row", "32 rows"],
+                        help="which batch settings to run (32 rows with re-encoding takes long on a small CPU)")
     parser.add_argument("--skip-baselines", action="store_true", help="only the shipped reward models section")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_decode.json"))
     args = parser.parse_args()
@@ -213,7 +224,8 @@ def main():
         "reencode": BaselineReward(rm, Reencode),
     }
     rows = []
-    settings = () if args.skip_baselines else (("1 row", PROMPTS[:1], 1), ("32 rows", PROMPTS, 4))
+    settings = [("1 row", PROMPTS[:1], 1), ("32 rows", PROMPTS, 4)]
+    settings = [s for s in settings if s[0] in args.rows and not args.skip_baselines]
     for label, prompts, n in settings:
         print(f"== {label}", flush=True)
         results = {"plain k=20": run(lm, tok, None, 20, prompts, n, steps, repeats=2)}
@@ -239,12 +251,8 @@ def main():
                   f"{ratios['kv_memory_copy_over_shared']:.1f}x", flush=True)
             results[f"ratios k={k}"] = ratios
         rows.append({"setting": label, "rows": len(prompts) * n, "results": results})
-    payload = {"benchmark": "bench_decode", "lm": "smollm2-135m-instruct", "rm_layers": args.rm_layers,
-               "steps": steps, "reencode_steps": reencode_steps, "torch_threads": torch.get_num_threads(),
-               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-               "load_average": os.getloadavg(), "settings": rows, "shipped_models": shipped}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(payload, indent=2))
+        write_results(args.out, args, steps, reencode_steps, rows, shipped)  # partial results survive an interrupt
+    write_results(args.out, args, steps, reencode_steps, rows, shipped)
     print(f"wrote {args.out}")
 
 
