@@ -282,6 +282,11 @@ def load_tokenizer(reference: str | os.PathLike, source: ModelSource | None = No
         tokenizer = AutoTokenizer.from_pretrained(location)
     except OSError as exc:
         raise ModelNotFoundError(f"Could not load a tokenizer for {source.reference!r}: {exc}") from None
+    return prepare_tokenizer(tokenizer)
+
+
+def prepare_tokenizer(tokenizer):
+    """steerkit's tokenizer conventions: left padding (batched decoding) and a pad token always set."""
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -25,6 +25,7 @@ import functools
 import importlib
 import importlib.metadata
 import inspect
+import json
 import os
 import re
 import threading
@@ -438,6 +439,25 @@ def reward_model_factory(directory: str | os.PathLike, *, name: str, package: st
 
     factory.directory = directory
     return factory
+
+
+def describe_reward_model(directory: str | os.PathLike, attribute: str) -> str:
+    """A one-line description of a reward-model directory for ``register(..., description=...)``.
+
+    Reads only its small JSON config, so registration stays cheap; ``attribute`` is used when the config does
+    not state one, or when the files are missing or unreadable (the description then says so).
+    """
+    from .rewards.model import CONFIG_NAME
+
+    config = Path(directory) / CONFIG_NAME
+    if not config.is_file():
+        return f"{attribute} (model files missing from {directory})"
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return f"{attribute} (unreadable {config})"
+    return (f"{data.get('attribute') or attribute} ({data.get('backbone', '?')}, {data.get('num_layers')} layers, "
+            f"{data.get('method', '?')})")
 
 
 @functools.lru_cache(maxsize=8)

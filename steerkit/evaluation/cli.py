@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from ..cli import app, err
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .config import EvalConfig
 
 eval_app = typer.Typer(no_args_is_help=True, help="Reproduce the paper's experiments: generate, score, report.")
 app.add_typer(eval_app, name="eval")

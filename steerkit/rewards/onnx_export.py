@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ExportError
-from ..models import atomic_write_text, cache_dir, sha256_file
+from ..models import atomic_write_text, cache_dir, prepare_tokenizer, sha256_file
 from .model import CONFIG_NAME, RewardModel, RewardModelConfig
 
 MANIFEST_NAME = "steerkit_onnx.json"
@@ -467,7 +467,4 @@ def _load_dir_tokenizer(path: Path):
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except Exception as exc:
         raise ExportError(f"Could not load the tokenizer in {path}: {exc}. Re-export the model.") from None
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
+    return prepare_tokenizer(tokenizer)
