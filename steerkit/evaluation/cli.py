@@ -79,6 +79,7 @@ def _command(task: str):
         stage: List[str] = typer.Option([], "--stage", help="Run only these stages: generate score fluency trace report."),
         estimate: bool = typer.Option(False, "--estimate", help="Time one prompt per setting and print the cost of the full run."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (1 is fastest on a busy machine)."),
+        device: Optional[str] = typer.Option(None, "--device", help="torch device for the models: cpu (default), cuda, cuda:1, mps."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
     ):
         from .runner import STAGES, EvalRunner
@@ -87,7 +88,7 @@ def _command(task: str):
                  "direction": direction, "betas": list(beta), "ks": list(k), "num_continuations": n,
                  "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size,
                  "backend": backend, "scorers": list(scorer), "eval_lm": eval_lm, "output": output, "fluency_samples": fluency_samples,
-                 "threads": threads}
+                 "threads": threads, "device": device}
         if no_baseline:
             flags["baseline"] = False
         if no_fluency:

@@ -115,6 +115,20 @@ class EvalConfig(ValidatedConfig):
     output: str = ""
     plots: bool = True
     threads: int | None = Field(default=None, ge=1)  # torch intra-op threads (1 is fastest on a busy 2-core box)
+    device: str | None = None  # torch device for the LM, torch rewards and the eval LM: cpu, cuda, cuda:1, mps
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        import torch
+
+        try:
+            torch.device(v)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device {v!r} is not a torch device (use cpu, cuda, cuda:0 or mps): {exc}") from None
+        return v
 
     @field_validator("betas")
     @classmethod

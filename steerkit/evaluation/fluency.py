@@ -21,7 +21,8 @@ from ..models import DEFAULT_EVAL_LM
 class PerplexityScorer:
     """Batched conditional perplexity under one causal LM (loaded once)."""
 
-    def __init__(self, lm: str | tuple = DEFAULT_EVAL_LM, *, batch_size: int = 25, max_length: int | None = None):
+    def __init__(self, lm: str | tuple = DEFAULT_EVAL_LM, *, batch_size: int = 25, max_length: int | None = None,
+                 device: str | None = None):
         if isinstance(lm, tuple):
             self.model, self.tokenizer = lm[0], lm[1]
             self.reference = getattr(self.model.config, "_name_or_path", "") or "<in-memory>"
@@ -30,6 +31,8 @@ class PerplexityScorer:
 
             self.model, self.tokenizer, _ = load_causal_lm_cached(str(lm))
             self.reference = str(lm)
+        if device:
+            self.model.to(device)
         self.model.eval()
         if not isinstance(batch_size, int) or batch_size < 1:
             raise InvalidArgumentError(f"fluency batch_size must be a positive integer, got {batch_size!r}.")

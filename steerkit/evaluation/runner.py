@@ -102,6 +102,17 @@ class EvalRunner:
         return [u for u in self.units() if (u.prompt_set, u.prompt.index, u.setting.name) not in self.generations]
 
     # -- models ---------------------------------------------------------------------------------
+    def device(self) -> str:
+        """The torch device the run's models live on (``config.device``; the CPU by default)."""
+        device = self.config.device or "cpu"
+        if device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(f"device {device!r} was asked for, but torch sees no CUDA GPU "
+                                  f"(torch {torch.__version__}); use --device cpu.")
+        return device
+
     def apply_threads(self) -> None:
         if self.config.threads:
             import torch
@@ -113,7 +124,7 @@ class EvalRunner:
             from ..models import load_causal_lm_cached
 
             model, tokenizer, _ = load_causal_lm_cached(self.config.lm)
-            self._lm = (model, tokenizer)
+            self._lm = (model.to(self.device()), tokenizer)
         return self._lm
 
     def reward(self, name: str, context: str = "continuation"):
@@ -123,7 +134,8 @@ class EvalRunner:
                 return self._rewards[name]
             from ..rewards.loading import load_reward
 
-            self._rewards[key] = load_reward(name, backend=self.config.backend, context=context)
+            reward = load_reward(name, backend=self.config.backend, context=context)
+            self._rewards[key] = _on_device(reward, self.config.device)
         return self._rewards[key]
 
     def terms(self, setting: Setting):
@@ -181,6 +193,7 @@ class EvalRunner:
         if not todo:
             return 0
         cfg = self.config
+        self.device()  # fail before any work when the device is missing
         generators: dict[str, object] = {}
         done = 0
         with self._bar("Generating", len(todo)) as advance:
@@ -196,6 +209,7 @@ class EvalRunner:
                     "prompt_set": unit.prompt_set, "index": unit.prompt.index, "setting": unit.setting.name,
                     "key": unit.key, "prompt": unit.prompt.text, "continuations": out.texts,
                     "num_new_tokens": out.num_new_tokens, "seconds": out.seconds,
+                    "device": self.device(),
                 })
                 done += 1
                 advance()
@@ -248,7 +262,8 @@ class EvalRunner:
         todo = [r for r in self._relevant() if (name, r["prompt_set"], r["index"], r["setting"]) not in self.fluency]
         if not todo:
             return 0
-        ppl = PerplexityScorer(self._eval_lm or self.config.eval_lm, batch_size=self.config.fluency_batch_size)
+        ppl = PerplexityScorer(self._eval_lm or self.config.eval_lm, batch_size=self.config.fluency_batch_size,
+                               device=None if self._eval_lm else self.device())
         with self._bar(f"Perplexity ({name})", len(todo)) as advance:
             for r in todo:
                 continuations = r["continuations"][:self.config.fluency_samples]
@@ -405,6 +420,14 @@ class EvalRunner:
         with Progress(*columns, transient=False) as bar:
             task = bar.add_task(description, total=total)
             yield lambda n=1: bar.advance(task, n)
+
+
+def _on_device(reward, device: str | None):
+    """Move a torch reward model onto ``device`` (ONNX and plugin rewards without a torch model stay put)."""
+    model = getattr(reward, "model", None)
+    if device and getattr(reward, "backend", "torch") == "torch" and hasattr(model, "to"):
+        model.to(device)
+    return reward
 
 
 def _finite_or_none(value):

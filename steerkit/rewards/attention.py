@@ -7,7 +7,7 @@ import torch
 
 def additive(allowed: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     """0 where attention is allowed, the dtype's minimum elsewhere (SDPA-friendly float mask)."""
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
 
 
 def block_mask_4d(prefix_mask: torch.Tensor, block_mask: torch.Tensor) -> torch.Tensor:
@@ -19,13 +19,14 @@ def block_mask_4d(prefix_mask: torch.Tensor, block_mask: torch.Tensor) -> torch.
     """
     B, k, m = block_mask.shape
     n = k * m
-    q = torch.arange(n)
+    device = block_mask.device
+    q = torch.arange(n, device=device)
     same_block = (q[:, None] // m) == (q[None, :] // m)
     causal = (q[None, :] % m) <= (q[:, None] % m)
     keys_valid = block_mask.reshape(B, 1, n)
     inner = (same_block & causal)[None] & keys_valid  # [B, n, n]
-    inner = inner | torch.eye(n, dtype=torch.bool)[None]
-    prefix = prefix_mask.bool()[:, None, :].expand(B, n, prefix_mask.shape[1])
+    inner = inner | torch.eye(n, dtype=torch.bool, device=device)[None]
+    prefix = prefix_mask.to(device).bool()[:, None, :].expand(B, n, prefix_mask.shape[1])
     return torch.cat([prefix, inner], dim=-1)[:, None]
 
 

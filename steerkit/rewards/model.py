@@ -148,11 +148,12 @@ class RewardModel(nn.Module):
     def score_texts(self, texts: list[str], batch_size: int = 32, per_prefix: bool = False):
         """Reward of each text (from scratch, no cache). With ``per_prefix`` also every prefix's reward."""
         finals, prefixes = [], []
+        device = next(self.parameters()).device
         for i in range(0, len(texts), batch_size):
             enc = self.encode(texts[i:i + batch_size])
-            mask = enc["attention_mask"]
+            mask = enc["attention_mask"].to(device)
             position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-            rewards = self(enc["input_ids"], attention_mask=mask, position_ids=position_ids).rewards
+            rewards = self(enc["input_ids"].to(device), attention_mask=mask, position_ids=position_ids).rewards
             finals.extend(rewards[:, -1].tolist())
             if per_prefix:
                 prefixes.extend(r[m.bool()][1:].tolist() for r, m in zip(rewards, mask))

@@ -270,3 +270,20 @@ def test_fluency_on_a_subsample_of_continuations(tmp_path, prompt_file, lm, toke
     result = runner.run(["generate", "fluency"])
     assert all(len(r["perplexities"]) == 2 for r in lines(tmp_path / "run" / "fluency.jsonl"))
     assert all(r["perplexity"] > 1 for r in result["results"])
+
+
+def test_device_is_validated_and_recorded(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    with pytest.raises(ConfigError, match="not a torch device"):
+        EvalConfig.from_dict({"prompts": [{"path": str(prompt_file)}], "device": "gpu0"})
+    runner = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, device="cpu", betas=[5])
+    runner.generate(limit=1)
+    assert [r["device"] for r in runner.generations] == ["cpu"]
+
+
+def test_cuda_without_a_gpu_is_a_config_error(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    runner = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, device="cuda")
+    with pytest.raises(ConfigError, match="no CUDA GPU"):
+        runner.generate()

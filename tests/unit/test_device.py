@@ -1,0 +1,54 @@
+"""Cached rewards equal from-scratch rewards on every available torch device (CUDA where present).
+
+On a CPU-only machine only the ``cpu`` case runs; on a GPU machine the same check runs on ``cuda``
+(this is how the GPU path was verified: see docs/backends.md).
+"""
+
+import pytest
+import torch
+
+from steerkit.decoding import RewardAugmentedGenerator
+from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.steering import SteeringTerm
+from tiny import make_tokenizer, tiny_lm, tiny_reward
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                 reason="no CUDA GPU on this machine"))]
+PROMPTS = ["Café au", "Numbers 12", "You are a wonderful friend and I"]
+
+
+def reference_rewards(rm, lm_tok, same_vocab, context, sequences, step, topk_ids, device):
+    """The reward model's from-scratch score of (prompt +) continuation + each candidate."""
+    rows, texts = [], []
+    for row in range(sequences.shape[0]):
+        prompt = PROMPTS[row // 2]
+        done = sequences[row, :step].tolist()
+        head = lm_tok(prompt, add_special_tokens=False)["input_ids"] if context == "full" else []
+        for c in topk_ids[row].tolist():
+            rows.append([rm.config.start_token_id] + head + done + [c])
+            texts.append((prompt if context == "full" else "") + lm_tok.decode(done + [c], skip_special_tokens=True))
+    if not same_vocab:  # another tokenizer family: the reward model reads the decoded text
+        return torch.tensor(rm.score_texts(texts))
+    with torch.no_grad():
+        return torch.tensor([rm(torch.tensor([r], device=device)).rewards[0, -1].item() for r in rows])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lm_kind,rm_kind", [("bpe", "bpe"), ("metaspace", "bpe")])
+@pytest.mark.parametrize("context", ["continuation", "full"])
+def test_cached_rewards_match_scratch_on_device(device, lm_kind, rm_kind, context):
+    lm_tok, rm_tok = make_tokenizer(kind=lm_kind), make_tokenizer(kind=rm_kind)
+    lm = tiny_lm(lm_tok, seed=2).to(device)
+    rm = tiny_reward(rm_tok, seed=6).to(device)
+    term = SteeringTerm(RewardModelScorer(rm, name="r", context=context), beta=3.0)
+    out = RewardAugmentedGenerator(lm, lm_tok, [term], k=6).generate(
+        PROMPTS, max_new_tokens=12, num_return_sequences=2, seed=3, return_traces=True)
+    assert out.sequences.device.type == device
+    checked = 0
+    for step, st in enumerate(out.traces[0]):
+        got = st.rewards["r"].cpu()
+        want = reference_rewards(rm, lm_tok, lm_kind == rm_kind, context, out.sequences, step, st.topk_ids, device)
+        live = (st.chosen >= 0).cpu()[:, None].expand_as(got)
+        assert torch.allclose(got[live], want.view_as(got)[live], atol=1e-4), step
+        checked += int(live.sum())
+    assert checked >= 6 * 6 * 6  # at least six steps of all six rows were compared
