@@ -88,6 +88,15 @@ def mean_perplexity(perplexities: Sequence[float]) -> float:
     return nanmean(perplexities)
 
 
+def median_perplexity(perplexities: Sequence[float]) -> float:
+    """The median: a few degenerate continuations (perplexity in the thousands) cannot move it."""
+    kept = sorted(float(v) for v in perplexities if v is not None and not math.isnan(float(v)))
+    if not kept:
+        return float("nan")
+    mid = len(kept) // 2
+    return kept[mid] if len(kept) % 2 else (kept[mid - 1] + kept[mid]) / 2
+
+
 def nanmean(values: Sequence[float]) -> float:
     kept = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     return sum(kept) / len(kept) if kept else float("nan")

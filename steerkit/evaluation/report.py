@@ -51,12 +51,14 @@ def tables(result: dict) -> str:
         n = max((r["num_prompts"] for r in rows), default=0)
         lines += [f"### Prompt set `{set_name}` ({n} prompts × {result['num_continuations']} continuations, "
                   f"≤ {result['max_new_tokens']} new tokens)", ""]
-        lines += ["| setting | k | perplexity | Δ ppl | Dist-1 | Dist-2 | Dist-3 | tokens/s | s/prompt |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["| setting | k | perplexity (mean) | Δ ppl | median ppl | Δ median | Dist-1 | Dist-2 | Dist-3 | tokens/s | s/prompt |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in rows:
             b = baseline_row(rows, r)
             lines.append(f"| {setting_label(r)} | {r['k']} | {fmt(r.get('perplexity'), 2)} | "
                          f"{pct(r.get('perplexity'), b.get('perplexity') if b else None) if r['steered'] else ''} | "
+                         f"{fmt(r.get('perplexity_median'), 2)} | "
+                         f"{pct(r.get('perplexity_median'), b.get('perplexity_median') if b else None) if r['steered'] else ''} | "
                          f"{fmt(r.get('dist1'), 2)} | {fmt(r.get('dist2'), 2)} | {fmt(r.get('dist3'), 2)} | "
                          f"{fmt(r.get('tokens_per_second'), 1)} | {fmt(r.get('seconds_per_prompt'), 1)} |")
         lines.append("")

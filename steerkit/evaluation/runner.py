@@ -343,6 +343,7 @@ class EvalRunner:
                     if cfg.fluency and all(f is not None for f in flu):
                         values = [v if v is not None else float("nan") for f in flu for v in f["perplexities"]]
                         row["perplexity"] = _finite_or_none(M.mean_perplexity(values))
+                        row["perplexity_median"] = _finite_or_none(M.median_perplexity(values))
                     row["scorers"] = {}
                     for name, info in scorer_info.items():
                         sc = [self.scores.get((name, set_name, i, setting.name)) for i in common]

@@ -125,3 +125,10 @@ def test_boundary_merge_counts_towards_the_continuation(tokenizer, lm):
     ids, start = scorer.split("The qu", "ick brown")
     assert tokenizer.decode(ids[:start]) + tokenizer.decode(ids[start:]) == "The quick brown"
     assert "ick" in tokenizer.decode(ids[start:])
+
+
+def test_median_perplexity_ignores_outliers_and_missing_values():
+    assert M.median_perplexity([10.0, 12.0, 5000.0]) == 12.0
+    assert M.median_perplexity([10.0, float("nan"), 14.0, None, 20.0, 4000.0]) == 17.0
+    assert M.mean_perplexity([10.0, 12.0, 5000.0]) == pytest.approx(1674.0)
+    assert math.isnan(M.median_perplexity([float("nan")]))

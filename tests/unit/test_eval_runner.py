@@ -81,12 +81,12 @@ def test_full_run_writes_every_artifact(tmp_path, prompt_file, lm, tokenizer, re
     rows = {r["setting"]: r for r in result["results"]}
     for r in rows.values():
         assert r["num_prompts"] == len(PROMPTS)
-        assert r["perplexity"] > 1 and 0 <= r["dist2"] <= 1 and r["tokens_per_second"] > 0
+        assert r["perplexity"] > 1 and r["perplexity_median"] > 1 and 0 <= r["dist2"] <= 1 and r["tokens_per_second"] > 0
         assert set(r["scorers"]) == {"vowels", "has-o"}
         assert set(r["scorers"]["vowels"]) == {"avg_max_toxicity", "toxic_rate", "mean_toxicity"}
     assert rows["k20-beta40"]["rewards"] == [{"name": "tiny", "beta": -40.0}]  # toxicity: steer away
     report = (out / "report.md").read_text()
-    assert "Avg Max Toxicity" in report and "Positive Rate" in report and "RAD β=40" in report
+    assert "Avg Max Toxicity" in report and "Positive Rate" in report and "RAD β=40" in report and "median ppl" in report
     plots = {p.name for p in (out / "plots").iterdir()}
     assert {"toxicity_vs_perplexity_tiny_vowels.png", "toxicity_vs_perplexity_tiny_vowels.json",
             "positive_rate_vs_perplexity_tiny_has-o.png", "trace_k20-beta40.png", "trace_k20-beta40.json"} <= plots
