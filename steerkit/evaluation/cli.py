@@ -139,7 +139,7 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory written by 
         raise ConfigError(f"{run_dir} has no config.json; is it a steerkit eval run directory?")
     cfg = EvalConfig.from_file(path, relative_to_file=False, output=str(run_dir),
                                **({"plots": False} if no_plots else {}))
-    runner = EvalRunner(cfg, scorers=[], progress=False)
+    runner = EvalRunner(cfg, scorers=[], progress=False, prompts_from_run=True, log=lambda m: err.print(m))
     result = runner.compute_metrics()
     runner.write_report(result)
     _summary(result)

@@ -55,7 +55,7 @@ class EvalRunner:
 
     def __init__(self, config: EvalConfig, *, lm: tuple | None = None, rewards: dict | None = None,
                  scorers: list | None = None, eval_lm: tuple | None = None, progress: bool = True,
-                 log: Callable[[str], None] | None = None):
+                 log: Callable[[str], None] | None = None, prompts_from_run: bool = False):
         config.require_prompts()
         self.config = config
         self.out = Path(config.output)
@@ -70,11 +70,22 @@ class EvalRunner:
         if not self.settings:
             raise ConfigError("Nothing to run: the grid is empty (no baseline, no betas, no settings).")
         self.keys = {s.name: config.setting_key(s) for s in self.settings}
-        self.prompts = {p.name: load_prompts(p.path, p.field, p.limit, p.offset) for p in config.prompts}
         self.generations = JsonlStore(self.out / "generations.jsonl", lambda r: (r["prompt_set"], r["index"], r["setting"]))
+        self.prompts = {p.name: self._load_prompts(p, prompts_from_run) for p in config.prompts}
         self.scores = JsonlStore(self.out / "scores.jsonl", lambda r: (r["scorer"], r["prompt_set"], r["index"], r["setting"]))
         self.fluency = JsonlStore(self.out / "fluency.jsonl", lambda r: (r["eval_lm"], r["prompt_set"], r["index"], r["setting"]))
         self._check_existing()
+
+    def _load_prompts(self, prompt_set, from_run: bool) -> list[Prompt]:
+        """The set's prompts from its file; with ``from_run`` (rebuilding a report on another machine) a
+        missing file is replaced by the prompts recorded in this run's generations."""
+        if from_run and not Path(prompt_set.path).is_file():
+            recorded = {r["index"]: r["prompt"] for r in self.generations if r["prompt_set"] == prompt_set.name}
+            if recorded:
+                self.log(f"{prompt_set.path} is absent: using the {len(recorded)} prompts of set "
+                         f"{prompt_set.name!r} recorded in {self.generations.path}")
+                return [Prompt(i, recorded[i]) for i in sorted(recorded)]
+        return load_prompts(prompt_set.path, prompt_set.field, prompt_set.limit, prompt_set.offset)
 
     # -- bookkeeping ----------------------------------------------------------------------------
     def _check_existing(self) -> None:

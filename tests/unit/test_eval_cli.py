@@ -123,6 +123,19 @@ def test_cli_end_to_end_resume_and_report(tmp_path, saved_models):
     rebuilt = runner.invoke(app, ["eval", "report", str(out), "--no-plots"])
     assert rebuilt.exit_code == 0, rebuilt.output + repr(rebuilt.exception)
     assert "Avg Max Toxicity" in (out / "report.md").read_text()
+    # a run directory is self-contained: on another machine, without the prompt file, it still rebuilds
+    before = json.loads((out / "metrics.json").read_text())["results"]
+    moved = tmp_path / "elsewhere"
+    out.rename(moved)
+    hidden = prompts.rename(tmp_path / "hidden.jsonl")
+    try:
+        rebuilt = runner.invoke(app, ["eval", "report", str(moved), "--no-plots"])
+    finally:
+        hidden.rename(prompts)  # the module's other tests use the same prompt file
+    assert rebuilt.exit_code == 0, rebuilt.output + repr(rebuilt.exception)
+    after = json.loads((moved / "metrics.json").read_text())["results"]
+    assert [(r["setting"], r["num_prompts"], r["scorers"]) for r in after] == \
+        [(r["setting"], r["num_prompts"], r["scorers"]) for r in before]
 
 
 def test_cli_estimate_does_not_write_generations(tmp_path, saved_models):
