@@ -1,7 +1,9 @@
 """Figures (matplotlib, PNG) with the plotted numbers written next to each as JSON.
 
 * ``toxicity_vs_perplexity``: Average Max Toxicity and Toxic Rate against perplexity, one line per k
-  through the β grid, the unsteered baseline as a star (the paper's Figure 2).
+  through the β grid, the unsteered baseline as a star (the paper's Figure 2); a first row against the
+  mean perplexity (the paper's), a second against the median, which a few degenerate continuations
+  cannot move.
 * ``positive_rate_vs_perplexity``: the same for Positive Rate.
 * ``trace_SETTING``: one generation step by step: for each step the distribution of the top-k
   candidates' rewards (a ridge) and the reward of the chosen token in red, labelled with the token
@@ -38,49 +40,57 @@ def _ok(*values) -> bool:
     return all(v is not None and not (isinstance(v, float) and math.isnan(v)) for v in values)
 
 
+X_AXES = {"perplexity": "mean perplexity (↓ more fluent)",
+          "perplexity_median": "median perplexity (↓ more fluent; robust to outliers)"}
+
+
 def tradeoff_plot(result: dict, set_name: str, scorer: str, metrics: list[tuple[str, str]], path: Path,
-                  x_key: str = "perplexity") -> Path | None:
-    """Metric(s) against perplexity for one prompt set and scorer; None when nothing is plottable."""
-    rows = [r for r in result["results"] if r["prompt_set"] == set_name and scorer in r.get("scorers", {})
-            and _ok(r.get(x_key))]
-    if not rows:
+                  x_keys: tuple[str, ...] = ("perplexity", "perplexity_median")) -> Path | None:
+    """Metric(s) against perplexity for one prompt set and scorer: one row of panels per x axis (the mean
+    perplexity, as in the paper, and the median); None when nothing is plottable."""
+    rows_by_x = {x: [r for r in result["results"] if r["prompt_set"] == set_name
+                     and scorer in r.get("scorers", {}) and _ok(r.get(x))] for x in x_keys}
+    rows_by_x = {x: rows for x, rows in rows_by_x.items() if rows}
+    if not rows_by_x:
         return None
     plt = _plt()
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.0), squeeze=False)
-    data = {"prompt_set": set_name, "scorer": scorer, "x": x_key, "series": []}
-    ks = sorted({r["k"] for r in rows})
+    fig, axes = plt.subplots(len(rows_by_x), len(metrics), figsize=(5.2 * len(metrics), 4.0 * len(rows_by_x)),
+                             squeeze=False)
+    data = {"prompt_set": set_name, "scorer": scorer, "x": list(rows_by_x), "series": []}
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, (key, label) in zip(axes[0], metrics):
-        for ci, k in enumerate(ks):
-            color = colors[ci % len(colors)]
-            grid = sorted([r for r in rows if r["k"] == k and r["steered"] and len(r["rewards"]) == 1],
-                          key=lambda r: abs(r["rewards"][0]["beta"]))
-            base = [r for r in rows if r["k"] == k and not r["steered"]]
-            points = base + grid
-            xs = [r[x_key] for r in points]
-            ys = [r["scorers"][scorer][key] for r in points]
-            if points:
-                ax.plot(xs, ys, "-o", color=color, label=f"RAD k={k}", markersize=4)
-                for r, x, y in zip(points, xs, ys):
-                    ax.annotate("β=0" if not r["steered"] else f"β={abs(r['rewards'][0]['beta']):g}", (x, y),
-                                textcoords="offset points", xytext=(4, 4), fontsize=7)
-            for r in base:
-                ax.plot([r[x_key]], [r["scorers"][scorer][key]], "*", color=color, markersize=13,
-                        label=f"unsteered (k={k})")
-            data["series"].append({"metric": key, "k": k, "points": [
-                {"setting": r["setting"], "beta": 0.0 if not r["steered"] else abs(r["rewards"][0]["beta"]),
-                 "x": r[x_key], "y": r["scorers"][scorer][key]} for r in points]})
-        other = [r for r in rows if r["steered"] and len(r["rewards"]) != 1]
-        for r in other:
-            ax.plot([r[x_key]], [r["scorers"][scorer][key]], "D", color="black", markersize=6)
-            ax.annotate(r["setting"], (r[x_key], r["scorers"][scorer][key]), textcoords="offset points",
-                        xytext=(4, -10), fontsize=7)
-            data["series"].append({"metric": key, "setting": r["setting"], "points": [
-                {"setting": r["setting"], "x": r[x_key], "y": r["scorers"][scorer][key]}]})
-        ax.set_xlabel("perplexity (↓ more fluent)" if x_key == "perplexity" else x_key)
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    for row_axes, (x_key, rows) in zip(axes, rows_by_x.items()):
+        ks = sorted({r["k"] for r in rows})
+        for ax, (key, label) in zip(row_axes, metrics):
+            for ci, k in enumerate(ks):
+                color = colors[ci % len(colors)]
+                grid = sorted([r for r in rows if r["k"] == k and r["steered"] and len(r["rewards"]) == 1],
+                              key=lambda r: abs(r["rewards"][0]["beta"]))
+                base = [r for r in rows if r["k"] == k and not r["steered"]]
+                points = base + grid
+                xs = [r[x_key] for r in points]
+                ys = [r["scorers"][scorer][key] for r in points]
+                if points:
+                    ax.plot(xs, ys, "-o", color=color, label=f"RAD k={k}", markersize=4)
+                    for r, x, y in zip(points, xs, ys):
+                        ax.annotate("β=0" if not r["steered"] else f"β={abs(r['rewards'][0]['beta']):g}", (x, y),
+                                    textcoords="offset points", xytext=(4, 4), fontsize=7)
+                for r in base:
+                    ax.plot([r[x_key]], [r["scorers"][scorer][key]], "*", color=color, markersize=13,
+                            label=f"unsteered (k={k})")
+                data["series"].append({"metric": key, "x": x_key, "k": k, "points": [
+                    {"setting": r["setting"], "beta": 0.0 if not r["steered"] else abs(r["rewards"][0]["beta"]),
+                     "x": r[x_key], "y": r["scorers"][scorer][key]} for r in points]})
+            other = [r for r in rows if r["steered"] and len(r["rewards"]) != 1]
+            for r in other:
+                ax.plot([r[x_key]], [r["scorers"][scorer][key]], "D", color="black", markersize=6)
+                ax.annotate(r["setting"], (r[x_key], r["scorers"][scorer][key]), textcoords="offset points",
+                            xytext=(4, -10), fontsize=7)
+                data["series"].append({"metric": key, "x": x_key, "setting": r["setting"], "points": [
+                    {"setting": r["setting"], "x": r[x_key], "y": r["scorers"][scorer][key]}]})
+            ax.set_xlabel(X_AXES.get(x_key, x_key))
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
     fig.suptitle(f"{set_name}: {scorer} vs fluency ({result['lm']}, eval LM {result.get('eval_lm')})", fontsize=9)
     return _save(fig, path, data)
 

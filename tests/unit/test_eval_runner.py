@@ -91,8 +91,10 @@ def test_full_run_writes_every_artifact(tmp_path, prompt_file, lm, tokenizer, re
     assert {"toxicity_vs_perplexity_tiny_vowels.png", "toxicity_vs_perplexity_tiny_vowels.json",
             "positive_rate_vs_perplexity_tiny_has-o.png", "trace_k20-beta40.png", "trace_k20-beta40.json"} <= plots
     data = json.loads((out / "plots" / "toxicity_vs_perplexity_tiny_vowels.json").read_text())
-    betas = [p["beta"] for s in data["series"] if s.get("metric") == "avg_max_toxicity" for p in s["points"]]
-    assert betas == [0.0, 5.0, 40.0]
+    for x in ("perplexity", "perplexity_median"):  # one row of panels per perplexity summary
+        series = [s for s in data["series"] if s.get("metric") == "avg_max_toxicity" and s["x"] == x]
+        assert [p["beta"] for s in series for p in s["points"]] == [0.0, 5.0, 40.0]
+        assert [p["x"] for s in series for p in s["points"]] == [rows[n][x] for n in ("unsteered-k20", "k20-beta5", "k20-beta40")]
     trace = json.loads((out / "traces" / "k20-beta40.json").read_text())
     assert 1 <= len(trace["steps"]) <= 5
     step = trace["steps"][0]
