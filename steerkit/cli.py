@@ -55,6 +55,7 @@ def generate(
     chat: bool = typer.Option(False, "--chat", help="Wrap prompts in the LM's chat template."),
     stop: List[str] = typer.Option([], "--stop", help="Stop string, repeatable."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch or onnx."),
+    device: Optional[str] = typer.Option(None, "--device", help="torch device: cpu (default), cuda, cuda:1, mps."),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="SteeringConfig YAML/TOML file."),
     prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="One prompt per line."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Rows decoded together (progress per batch)."),
@@ -66,7 +67,7 @@ def generate(
 
     cfg = SteeringConfig.from_file(config) if config else SteeringConfig()
     overrides = {"lm": lm, "k": k, "num_return_sequences": n, "max_new_tokens": max_new_tokens,
-                 "temperature": temperature, "seed": seed, "backend": backend}
+                 "temperature": temperature, "seed": seed, "backend": backend, "device": device}
     cfg = cfg.with_overrides({key: v for key, v in overrides.items() if v is not None})
     if greedy:
         cfg = cfg.with_overrides({"do_sample": False})

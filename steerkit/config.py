@@ -83,7 +83,15 @@ class SteeringConfig(ValidatedConfig):
     seed: int | None = None
     chat_template: bool = False
     backend: Literal["torch", "onnx"] = "torch"
+    device: str | None = None  # torch device for the LM and torch reward models: cpu (default), cuda, cuda:1, mps
     prompts: list[str] = []
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str | None) -> str | None:
+        from .devices import check_device_name
+
+        return check_device_name(v)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "SteeringConfig":
@@ -103,8 +111,14 @@ class SteeringConfig(ValidatedConfig):
         from .decoding import RewardAugmentedGenerator
         from .models import load_causal_lm_cached
 
+        from .devices import move_reward, resolve_device
+
+        device = resolve_device(self.device)
         model, tokenizer, _ = load_causal_lm_cached(self.lm)
-        generator = RewardAugmentedGenerator(model, tokenizer, self.build_terms(), k=self.k)
+        terms = self.build_terms()
+        for term in terms:
+            move_reward(term.reward, device)
+        generator = RewardAugmentedGenerator(model.to(device), tokenizer, terms, k=self.k)
         return generator.generate(
             prompts, max_new_tokens=self.max_new_tokens, do_sample=self.do_sample, temperature=self.temperature,
             num_return_sequences=self.num_return_sequences, seed=self.seed, chat_template=self.chat_template, **kwargs)

@@ -228,7 +228,7 @@ def build_terms(rewards: Mapping | Sequence | None, *, backend: str = "torch") -
 
 
 def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", rewards=None, k: int = 20,
-             backend: str = "torch", **kwargs) -> GenerationOutput:
+             backend: str = "torch", device: str | None = None, **kwargs) -> GenerationOutput:
     """Steered generation in one call.
 
     ``lm`` is a model reference (packaged name, directory, .gguf file, hub id) or a ``(model, tokenizer)``
@@ -236,10 +236,18 @@ def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", reward
     :class:`~steerkit.rewards.base.Reward` objects to β. Other keyword arguments follow
     ``transformers``' ``generate``: ``max_new_tokens``, ``do_sample``, ``temperature``,
     ``num_return_sequences``, ``eos_token_id``, ``stop_strings``, plus ``seed``, ``chat_template``,
-    ``return_traces``, ``batch_size`` and ``progress``.
+    ``return_traces``, ``batch_size`` and ``progress``. ``device`` (cpu, cuda, …) moves the LM and the
+    torch reward models there; without it everything stays where it is (loaded models: on the CPU).
     """
     from .models import load_causal_lm_cached
 
     model, tokenizer = lm if isinstance(lm, tuple) else load_causal_lm_cached(str(lm))[:2]
     terms = build_terms(rewards, backend=backend)
+    if device is not None:
+        from .devices import move_reward, resolve_device
+
+        device = resolve_device(device)
+        model = model.to(device)
+        for term in terms:
+            move_reward(term.reward, device)
     return RewardAugmentedGenerator(model, tokenizer, terms, k=k).generate(prompts, **kwargs)

@@ -120,15 +120,9 @@ class EvalConfig(ValidatedConfig):
     @field_validator("device")
     @classmethod
     def _device(cls, v: str | None) -> str | None:
-        if v is None or v == "":
-            return None
-        import torch
+        from ..devices import check_device_name
 
-        try:
-            torch.device(v)
-        except (RuntimeError, TypeError) as exc:
-            raise ValueError(f"device {v!r} is not a torch device (use cpu, cuda, cuda:0 or mps): {exc}") from None
-        return v
+        return check_device_name(v)
 
     @field_validator("betas")
     @classmethod

@@ -115,14 +115,9 @@ class EvalRunner:
     # -- models ---------------------------------------------------------------------------------
     def device(self) -> str:
         """The torch device the run's models live on (``config.device``; the CPU by default)."""
-        device = self.config.device or "cpu"
-        if device.startswith("cuda"):
-            import torch
+        from ..devices import resolve_device
 
-            if not torch.cuda.is_available():
-                raise ConfigError(f"device {device!r} was asked for, but torch sees no CUDA GPU "
-                                  f"(torch {torch.__version__}); use --device cpu.")
-        return device
+        return resolve_device(self.config.device)
 
     def apply_threads(self) -> None:
         if self.config.threads:
@@ -145,8 +140,10 @@ class EvalRunner:
                 return self._rewards[name]
             from ..rewards.loading import load_reward
 
+            from ..devices import move_reward
+
             reward = load_reward(name, backend=self.config.backend, context=context)
-            self._rewards[key] = _on_device(reward, self.config.device)
+            self._rewards[key] = move_reward(reward, self.device())
         return self._rewards[key]
 
     def terms(self, setting: Setting):
@@ -432,14 +429,6 @@ class EvalRunner:
         with Progress(*columns, transient=False) as bar:
             task = bar.add_task(description, total=total)
             yield lambda n=1: bar.advance(task, n)
-
-
-def _on_device(reward, device: str | None):
-    """Move a torch reward model onto ``device`` (ONNX and plugin rewards without a torch model stay put)."""
-    model = getattr(reward, "model", None)
-    if device and getattr(reward, "backend", "torch") == "torch" and hasattr(model, "to"):
-        model.to(device)
-    return reward
 
 
 def _finite_or_none(value):

@@ -52,3 +52,36 @@ def test_cached_rewards_match_scratch_on_device(device, lm_kind, rm_kind, contex
         assert torch.allclose(got[live], want.view_as(got)[live], atol=1e-4), step
         checked += int(live.sum())
     assert checked >= 6 * 6 * 6  # at least six steps of all six rows were compared
+
+
+def test_device_names_are_validated_in_steering_configs():
+    from steerkit.config import SteeringConfig
+    from steerkit.errors import ConfigError
+
+    assert SteeringConfig.from_dict({"device": "cpu"}).device == "cpu"
+    assert SteeringConfig.from_dict({}).device is None
+    with pytest.raises(ConfigError, match="not a torch device"):
+        SteeringConfig.from_dict({"device": "gpu"})
+
+
+def test_generate_moves_models_to_the_device_or_says_why_not(tokenizer, monkeypatch):
+    import steerkit
+    from steerkit.errors import ConfigError
+
+    lm, rm = tiny_lm(tokenizer, seed=3), tiny_reward(tokenizer, seed=4)
+    out = steerkit.generate(["The quick"], lm=(lm, tokenizer), rewards={RewardModelScorer(rm, name="r"): 2.0}, k=4,
+                            max_new_tokens=3, seed=0, device="cpu")
+    assert out.sequences.device.type == "cpu" and len(out.texts) == 1
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="no CUDA GPU"):
+        steerkit.generate(["The quick"], lm=(lm, tokenizer), rewards={RewardModelScorer(rm, name="r"): 2.0}, k=4,
+                          max_new_tokens=3, device="cuda")
+
+
+def test_cli_rejects_an_unknown_device(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "steerkit", "generate", "hi", "--device", "tpu0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "not a torch device" in proc.stderr and "Traceback" not in proc.stderr
