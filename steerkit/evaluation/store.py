@@ -32,13 +32,15 @@ class JsonlStore:
         if good < len(data):  # a partial last line from an interrupted write
             with self.path.open("r+b") as fh:
                 fh.truncate(good)
-        for lineno, line in enumerate(data[:good].decode("utf-8").splitlines(), 1):
-            if not line.strip():
+        # split on "\n" only: str.splitlines() would also split inside strings at U+2028, U+0085, \x0c…,
+        # which json.dumps(ensure_ascii=False) writes raw and generated text does contain
+        for lineno, raw in enumerate(data[:good].split(b"\n"), 1):
+            if not raw.strip():
                 continue
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{self.path}:{lineno} is not valid JSON ({exc.msg}); the file was edited or "
+                record = json.loads(raw.decode("utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise DataError(f"{self.path}:{lineno} is not valid JSON ({getattr(exc, 'msg', exc)}); the file was edited or "
                                 "corrupted. Delete that line (or the file) to redo those results.") from None
             self.records[self.key(record)] = record  # a duplicate key keeps the last line
 

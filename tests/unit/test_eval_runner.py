@@ -266,6 +266,19 @@ def test_store_drops_a_partial_last_line_and_rejects_corruption(tmp_path):
         JsonlStore(path, lambda r: r["k"])
 
 
+def test_store_keeps_text_with_unicode_line_separators(tmp_path):
+    """Generated text holds U+2028, U+0085, form feeds…: json.dumps(ensure_ascii=False) writes them raw, so the
+    store must split lines on "\n" alone (a resumed run once refused such a file as corrupted)."""
+    path = tmp_path / "g.jsonl"
+    texts = ["a\u2028b", "c\x85d", "e\x0cf\x0bg", "h\u2029i\x1cj\x1dk\x1el", "m\rn", "plain"]
+    store = JsonlStore(path, lambda r: r["k"])
+    store.extend([{"k": i, "text": t} for i, t in enumerate(texts)])
+    reopened = JsonlStore(path, lambda r: r["k"])
+    assert [reopened.get(i)["text"] for i in range(len(texts))] == texts
+    reopened.append({"k": 99, "text": "after"})
+    assert len(JsonlStore(path, lambda r: r["k"])) == len(texts) + 1
+
+
 def test_fluency_on_a_subsample_of_continuations(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
     runner = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, trace=False, plots=False,
                          fluency_samples=2, betas=[5])
