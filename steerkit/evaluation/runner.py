@@ -267,17 +267,27 @@ class EvalRunner:
         from .fluency import PerplexityScorer
 
         name = self.eval_lm_name()
-        todo = [r for r in self._relevant() if (name, r["prompt_set"], r["index"], r["setting"]) not in self.fluency]
+        wanted = lambda r: len(r["continuations"][:self.config.fluency_samples])  # noqa: E731
+
+        def done(r) -> list:
+            old = self.fluency.get((name, r["prompt_set"], r["index"], r["setting"]))
+            return old["perplexities"] if old else []
+
+        # a record is pending when it is missing or covers fewer continuations than now asked for (a larger
+        # --fluency-samples extends earlier records: only the missing continuations are scored)
+        todo = [r for r in self._relevant() if len(done(r)) < wanted(r)]
         if not todo:
             return 0
         ppl = PerplexityScorer(self._eval_lm or self.config.eval_lm, batch_size=self.config.fluency_batch_size,
                                device=None if self._eval_lm else self.device())
         with self._bar(f"Perplexity ({name})", len(todo)) as advance:
             for r in todo:
-                continuations = r["continuations"][:self.config.fluency_samples]
+                have = done(r)
+                continuations = r["continuations"][len(have):wanted(r)]
                 values = ppl.perplexities([r["prompt"]] * len(continuations), continuations)
                 self.fluency.append({"eval_lm": name, "prompt_set": r["prompt_set"], "index": r["index"],
-                                     "setting": r["setting"], "perplexities": [_finite_or_none(v) for v in values]})
+                                     "setting": r["setting"],
+                                     "perplexities": have + [_finite_or_none(v) for v in values]})
                 advance()
         return len(todo)
 

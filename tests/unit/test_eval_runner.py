@@ -287,6 +287,26 @@ def test_fluency_on_a_subsample_of_continuations(tmp_path, prompt_file, lm, toke
     assert all(r["perplexity"] > 1 for r in result["results"])
 
 
+def test_more_fluency_samples_extend_earlier_records(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
+    common = dict(trace=False, plots=False, betas=[5])
+    first = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, fluency_samples=1, **common)
+    first.run(["generate", "fluency"])
+    one = {(r["index"], r["setting"]): r["perplexities"] for r in lines(tmp_path / "run" / "fluency.jsonl")}
+    assert all(len(v) == 1 for v in one.values())
+    more = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, fluency_samples=3, **common)
+    assert more.compute_fluency() == len(one)  # every record extended, generations untouched
+    store = JsonlStore(tmp_path / "run" / "fluency.jsonl", lambda r: (r["index"], r["setting"]))
+    fresh = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="fresh", fluency_samples=3,
+                        **common)
+    fresh.run(["generate", "fluency"])
+    want = {(r["index"], r["setting"]): r["perplexities"] for r in lines(tmp_path / "fresh" / "fluency.jsonl")}
+    for key, values in one.items():
+        extended = store.get(key)["perplexities"]
+        assert len(extended) == 3 and extended[0] == values[0]
+        assert extended == pytest.approx(want[key], rel=1e-5)
+    assert more.compute_fluency() == 0  # nothing left to do
+
+
 def test_device_is_validated_and_recorded(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
     with pytest.raises(ConfigError, match="not a torch device"):
         EvalConfig.from_dict({"prompts": [{"path": str(prompt_file)}], "device": "gpu0"})
