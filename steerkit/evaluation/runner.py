@@ -267,7 +267,8 @@ class EvalRunner:
         from .fluency import PerplexityScorer
 
         name = self.eval_lm_name()
-        wanted = lambda r: len(r["continuations"][:self.config.fluency_samples])  # noqa: E731
+        def wanted(r) -> int:
+            return len(r["continuations"][:self.config.fluency_samples])
 
         def done(r) -> list:
             old = self.fluency.get((name, r["prompt_set"], r["index"], r["setting"]))
@@ -359,7 +360,8 @@ class EvalRunner:
                         row[f"dist{n}"] = _finite_or_none(M.distinct_n(continuations, n, cfg.dist_normalize))
                     flu = [self.fluency.get((eval_lm, set_name, i, setting.name)) for i in common]
                     if cfg.fluency and all(f is not None for f in flu):
-                        values = [v if v is not None else float("nan") for f in flu for v in f["perplexities"]]
+                        values = [v if v is not None else float("nan") for f in flu
+                                  for v in f["perplexities"][:cfg.fluency_samples]]  # a smaller m after a larger
                         row["perplexity"] = _finite_or_none(M.mean_perplexity(values))
                         row["perplexity_median"] = _finite_or_none(M.median_perplexity(values))
                     row["scorers"] = {}

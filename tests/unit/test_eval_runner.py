@@ -305,6 +305,12 @@ def test_more_fluency_samples_extend_earlier_records(tmp_path, prompt_file, lm, 
         assert len(extended) == 3 and extended[0] == values[0]
         assert extended == pytest.approx(want[key], rel=1e-5)
     assert more.compute_fluency() == 0  # nothing left to do
+    # asking for fewer again uses the first m stored values, so the metric means the same thing
+    fewer = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, fluency_samples=1, **common)
+    rows = {r["setting"]: r for r in fewer.compute_metrics()["results"]}
+    firsts = {s: [one[(i, s)][0] for i in range(len(PROMPTS))] for s in rows}
+    for s, r in rows.items():
+        assert r["perplexity"] == pytest.approx(sum(firsts[s]) / len(firsts[s]))
 
 
 def test_device_is_validated_and_recorded(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm):
