@@ -109,16 +109,12 @@ class SteeringConfig(ValidatedConfig):
 
     def generate(self, prompts: list[str], **kwargs):
         from .decoding import RewardAugmentedGenerator
+        from .devices import place
         from .models import load_causal_lm_cached
 
-        from .devices import move_reward, resolve_device
-
-        device = resolve_device(self.device)
         model, tokenizer, _ = load_causal_lm_cached(self.lm)
         terms = self.build_terms()
-        for term in terms:
-            move_reward(term.reward, device)
-        generator = RewardAugmentedGenerator(model.to(device), tokenizer, terms, k=self.k)
+        generator = RewardAugmentedGenerator(place(model, terms, self.device), tokenizer, terms, k=self.k)
         return generator.generate(
             prompts, max_new_tokens=self.max_new_tokens, do_sample=self.do_sample, temperature=self.temperature,
             num_return_sequences=self.num_return_sequences, seed=self.seed, chat_template=self.chat_template, **kwargs)

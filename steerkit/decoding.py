@@ -244,10 +244,7 @@ def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", reward
     model, tokenizer = lm if isinstance(lm, tuple) else load_causal_lm_cached(str(lm))[:2]
     terms = build_terms(rewards, backend=backend)
     if device is not None:
-        from .devices import move_reward, resolve_device
+        from .devices import place
 
-        device = resolve_device(device)
-        model = model.to(device)
-        for term in terms:
-            move_reward(term.reward, device)
+        model = place(model, terms, device)
     return RewardAugmentedGenerator(model, tokenizer, terms, k=k).generate(prompts, **kwargs)

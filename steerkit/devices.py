@@ -37,3 +37,11 @@ def move_reward(reward, device: str):
     if getattr(reward, "backend", "torch") == "torch" and hasattr(model, "to"):
         model.to(device)
     return reward
+
+
+def place(model, terms, device: str | None):
+    """Put an LM and its steering terms' torch reward models on ``device``; returns the LM there."""
+    device = resolve_device(device)
+    for term in terms:
+        move_reward(term.reward, device)
+    return model.to(device)
