@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .devices import DeviceName
 from .errors import ConfigError
 from .models import DEFAULT_LM
 
@@ -83,15 +84,8 @@ class SteeringConfig(ValidatedConfig):
     seed: int | None = None
     chat_template: bool = False
     backend: Literal["torch", "onnx"] = "torch"
-    device: str | None = None  # torch device for the LM and torch reward models: cpu (default), cuda, cuda:1, mps
+    device: DeviceName = None  # torch device for the LM and torch reward models: cpu (default), cuda, cuda:1, mps
     prompts: list[str] = []
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v: str | None) -> str | None:
-        from .devices import check_device_name
-
-        return check_device_name(v)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "SteeringConfig":

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import AfterValidator
+
 from .errors import ConfigError
 
 
@@ -16,6 +20,10 @@ def check_device_name(name: str | None) -> str | None:
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"device {name!r} is not a torch device (use cpu, cuda, cuda:0 or mps): {exc}") from None
     return name
+
+
+DeviceName = Annotated[str | None, AfterValidator(check_device_name)]
+"""A config field holding a device name (validated when the config is built, checked for presence at use)."""
 
 
 def resolve_device(name: str | None) -> str:

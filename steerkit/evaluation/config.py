@@ -32,6 +32,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..config import RewardSpec, ValidatedConfig, load_config_file
+from ..devices import DeviceName
 from ..errors import ConfigError
 from ..models import DEFAULT_EVAL_LM, DEFAULT_LM
 
@@ -115,14 +116,7 @@ class EvalConfig(ValidatedConfig):
     output: str = ""
     plots: bool = True
     threads: int | None = Field(default=None, ge=1)  # torch intra-op threads (1 is fastest on a busy 2-core box)
-    device: str | None = None  # torch device for the LM, torch rewards and the eval LM: cpu, cuda, cuda:1, mps
-
-    @field_validator("device")
-    @classmethod
-    def _device(cls, v: str | None) -> str | None:
-        from ..devices import check_device_name
-
-        return check_device_name(v)
+    device: DeviceName = None  # torch device for the LM, torch rewards and the eval LM: cpu, cuda, cuda:1, mps
 
     @field_validator("betas")
     @classmethod

@@ -138,9 +138,8 @@ class EvalRunner:
         if key not in self._rewards:
             if name in self._rewards:
                 return self._rewards[name]
-            from ..rewards.loading import load_reward
-
             from ..devices import move_reward
+            from ..rewards.loading import load_reward
 
             reward = load_reward(name, backend=self.config.backend, context=context)
             self._rewards[key] = move_reward(reward, self.device())
@@ -201,7 +200,7 @@ class EvalRunner:
         if not todo:
             return 0
         cfg = self.config
-        self.device()  # fail before any work when the device is missing
+        device = self.device()  # fail before any work when the device is missing
         generators: dict[str, object] = {}
         done = 0
         with self._bar("Generating", len(todo)) as advance:
@@ -217,7 +216,7 @@ class EvalRunner:
                     "prompt_set": unit.prompt_set, "index": unit.prompt.index, "setting": unit.setting.name,
                     "key": unit.key, "prompt": unit.prompt.text, "continuations": out.texts,
                     "num_new_tokens": out.num_new_tokens, "seconds": out.seconds,
-                    "device": self.device(),
+                    "device": device,
                 })
                 done += 1
                 advance()
