@@ -6,9 +6,9 @@
 
 from .decoding import GenerationOutput, RewardAugmentedGenerator, generate
 from .errors import (
-    CheckpointError, ConfigError, DataError, ExportError, InvalidArgumentError, ModelIntegrityError,
-    ModelNotFoundError, ModelNotInstalledError, PluginError, PromptTooLongError, RewardModelFormatError,
-    SteerkitError,
+    CheckpointError, ConfigError, DataError, ExportError, InvalidArgumentError, ModelFormatError, ModelIntegrityError,
+    ModelNotFoundError, ModelNotInstalledError, NonFiniteRewardError, OutputExistsError, PluginConflictError,
+    PluginError, PromptTooLongError, RewardModelFormatError, SteerkitError, UnsafeModelError,
 )
 from .hf import RewardAugmentedLogitsProcessor
 from .models import load_causal_lm, load_tokenizer, resolve
@@ -25,5 +25,6 @@ __all__ = [
     "RewardModel", "RewardModelScorer", "SteeringTerm", "BetaSchedule", "load_reward", "load_causal_lm",
     "load_tokenizer", "resolve", "hookimpl", "SteerkitError", "InvalidArgumentError", "PromptTooLongError",
     "ModelNotFoundError", "ModelNotInstalledError", "ModelIntegrityError", "RewardModelFormatError",
-    "PluginError", "ConfigError", "DataError", "CheckpointError", "ExportError",
+    "PluginError", "ConfigError", "DataError", "CheckpointError", "ExportError", "ModelFormatError",
+    "UnsafeModelError", "PluginConflictError", "NonFiniteRewardError", "OutputExistsError",
 ]

@@ -49,3 +49,23 @@ class CheckpointError(SteerkitError):
 
 class ExportError(SteerkitError):
     """Exporting or loading an exported (ONNX) reward model failed verification."""
+
+
+class ModelFormatError(SteerkitError):
+    """A model file or directory is corrupt, truncated, or in a format steerkit refuses (e.g. pickled weights)."""
+
+
+class UnsafeModelError(SteerkitError):
+    """Loading a model would execute code shipped with it (``trust_remote_code``); steerkit never does that."""
+
+
+class PluginConflictError(PluginError):
+    """Two installed packages register the same reward or scorer name; the message names both and how to pick."""
+
+
+class NonFiniteRewardError(SteerkitError, FloatingPointError):
+    """A reward returned NaN or ±inf at a decoding step; the message names the reward and the step."""
+
+
+class OutputExistsError(SteerkitError, FileExistsError):
+    """An output path already holds something steerkit would overwrite; pass ``--overwrite`` or another path."""
