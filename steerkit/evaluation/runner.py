@@ -120,10 +120,9 @@ class EvalRunner:
         return resolve_device(self.config.device)
 
     def apply_threads(self) -> None:
-        if self.config.threads:
-            import torch
+        from ..threads import set_threads
 
-            torch.set_num_threads(self.config.threads)
+        set_threads(self.config.threads)  # None: steerkit's default (see steerkit.threads)
 
     def lm(self):
         if self._lm is None:

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..errors import InvalidArgumentError
 from .model import CONFIG_NAME, RewardModel
 from .scorer import RewardModelScorer
+
+BACKENDS = ("torch", "onnx")
+CONTEXTS = ("continuation", "full")
 
 
 def load_reward(reference: str, *, backend: str = "torch", context: str = "continuation"):
     """A reward from a registered name (see ``steerkit plugins``) or a path to a reward-model directory."""
+    if not isinstance(reference, str) or not reference.strip():
+        raise InvalidArgumentError(f"A reward reference must be a registered name or a reward-model directory, "
+                                   f"got {reference!r}.")
+    if backend not in BACKENDS:
+        raise InvalidArgumentError(f"Unknown reward backend {backend!r}; use one of: {', '.join(BACKENDS)}.")
+    if context not in CONTEXTS:
+        raise InvalidArgumentError(f"Unknown reward context {context!r}; use one of: {', '.join(CONTEXTS)}.")
     path = Path(reference).expanduser()
     if path.is_dir() or (path.exists() and path.name == CONFIG_NAME) or "/" in reference or reference.startswith("."):
         directory = path.parent if path.name == CONFIG_NAME else path
