@@ -23,14 +23,16 @@ from rich.console import Console
 from rich.table import Table
 
 from . import threads as _threads
+from .config import SteeringConfig
 from .errors import DataError, InvalidArgumentError, SteerkitError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Controlled text generation with Reward-Augmented Decoding.")
 err = Console(stderr=True)
 
-# Defaults shown in --help; the options themselves default to None so that a --config file can set them.
-_DEFAULTS = {"lm": "smollm2-135m-instruct", "k": 20, "n": 1, "max_new_tokens": 20, "temperature": 1.0}
+# Defaults shown in --help (SteeringConfig's); the options default to None so that a --config file can set them.
+_DEFAULTS = {name: field.default for name, field in SteeringConfig.model_fields.items()}
+_DEFAULTS["n"] = _DEFAULTS["num_return_sequences"]
 
 
 @app.callback()
@@ -57,22 +59,22 @@ def parse_reward_weight(spec: str) -> tuple[str, float]:
 def generate(
     prompts: List[str] = typer.Argument(None, help="Prompt texts (or use --prompts-file / --config)."),
     lm: Optional[str] = typer.Option(None, "--lm", help="LM reference: packaged name, directory, .gguf, hub id. "
-                                     f"[default: {_DEFAULTS['lm']}]"),
+                                     f"\\[default: {_DEFAULTS['lm']}]"),
     reward: List[str] = typer.Option([], "--reward", "-r", help="REF=BETA, repeatable (β<0 steers away). "
-                                     "[default: none: unsteered]"),
-    k: Optional[int] = typer.Option(None, "--k", "-k", help=f"Top-k candidates reweighted per step. [default: {_DEFAULTS['k']}]"),
+                                     "\\[default: none: unsteered]"),
+    k: Optional[int] = typer.Option(None, "--k", "-k", help=f"Top-k candidates reweighted per step. \\[default: {_DEFAULTS['k']}]"),
     n: Optional[int] = typer.Option(None, "-n", "--num-return-sequences",
-                                    help=f"Continuations per prompt. [default: {_DEFAULTS['n']}]"),
+                                    help=f"Continuations per prompt. \\[default: {_DEFAULTS['n']}]"),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", "-t",
-                                                 help=f"Tokens to generate at most. [default: {_DEFAULTS['max_new_tokens']}]"),
+                                                 help=f"Tokens to generate at most. \\[default: {_DEFAULTS['max_new_tokens']}]"),
     temperature: Optional[float] = typer.Option(None, "--temperature",
-                                                help=f"Sampling temperature (> 0). [default: {_DEFAULTS['temperature']}]"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for reproducible samples. [default: none]"),
+                                                help=f"Sampling temperature (> 0). \\[default: {_DEFAULTS['temperature']}]"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for reproducible samples. \\[default: none]"),
     greedy: bool = typer.Option(False, "--greedy", help="Argmax instead of sampling."),
     chat: bool = typer.Option(False, "--chat", help="Wrap prompts in the LM's chat template."),
     stop: List[str] = typer.Option([], "--stop", help="Stop string, repeatable."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch or onnx. [default: torch]"),
-    device: Optional[str] = typer.Option(None, "--device", help="torch device: cpu, cuda, cuda:1, mps. [default: cpu]"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch or onnx. \\[default: torch]"),
+    device: Optional[str] = typer.Option(None, "--device", help="torch device: cpu, cuda, cuda:1, mps. \\[default: cpu]"),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="SteeringConfig YAML/TOML/JSON file."),
     prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="UTF-8 text file, one prompt per line."),
     batch_size: int = typer.Option(32, "--batch-size", min=1, help="Rows decoded together (progress per batch)."),
@@ -80,8 +82,6 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output (see docs/cli.md)."),
 ):
     """Generate steered continuations."""
-    from .config import SteeringConfig
-
     cfg = SteeringConfig.from_file(config) if config else SteeringConfig()
     overrides = {"lm": lm, "k": k, "num_return_sequences": n, "max_new_tokens": max_new_tokens,
                  "temperature": temperature, "seed": seed, "backend": backend, "device": device}
