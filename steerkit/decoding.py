@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -13,7 +12,10 @@ from transformers import DynamicCache
 
 from .errors import InvalidArgumentError, PromptTooLongError
 from .models import context_length
-from .steering import SteeringTerm, check_terms, reweight, validate_k
+from .steering import (
+    BetaSchedule, SteeringTerm, check_terms, check_unicode, reweight, validate_beta, validate_int, validate_k,
+    validate_seed, validate_stop_strings, validate_temperature, warn_if_slow,
+)
 
 
 @dataclass
@@ -62,7 +64,20 @@ def _validate_prompts(prompts: Sequence[str]) -> list[str]:
     for i, p in enumerate(prompts):
         if not isinstance(p, str) or not p:
             raise InvalidArgumentError(f"Prompt {i} is empty or not a string ({p!r}); every prompt needs some text.")
+        check_unicode(p, f"Prompt {i}")
     return prompts
+
+
+def sample_token(scores: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Sample one token per row from softmax(scores / T), computed as softmax((scores − row max) / T).
+
+    Softmax is shift-invariant, so this is the same distribution (bit-identical at T = 1, where torch's softmax
+    subtracts the row max itself), but a tiny T cannot overflow: the best candidate gets 0, the others
+    -inf, and decoding becomes greedy instead of failing on inf − inf = NaN.
+    """
+    shifted = scores - scores.amax(dim=-1, keepdim=True)
+    probs = torch.softmax(shifted / temperature, dim=-1)
+    return torch.multinomial(probs, num_samples=1).squeeze(1)
 
 
 def eos_ids(model, tokenizer, eos_token_id=None) -> list[int]:
@@ -81,6 +96,8 @@ class RewardAugmentedGenerator:
         self.tokenizer = tokenizer
         self.terms = check_terms(list(terms))
         self.k = validate_k(k, model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") else model.config.vocab_size)
+        #: k is large for a sequence reward: a step takes long, so ``progress=True`` shows a per-step bar.
+        self.slow = warn_if_slow(self.k, self.terms)
 
     def format_prompts(self, prompts: list[str], chat_template: bool) -> list[str]:
         if not chat_template:
@@ -95,12 +112,14 @@ class RewardAugmentedGenerator:
                  eos_token_id=None, stop_strings: Sequence[str] | None = None, chat_template: bool = False,
                  return_traces: bool = False, batch_size: int | None = None, progress: bool = False) -> GenerationOutput:
         prompts = _validate_prompts(prompts)
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise InvalidArgumentError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}.")
-        if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
-            raise InvalidArgumentError(f"num_return_sequences must be a positive integer, got {num_return_sequences!r}.")
-        if do_sample and not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0):
-            raise InvalidArgumentError(f"temperature must be a finite number > 0, got {temperature!r}.")
+        max_new_tokens = validate_int("max_new_tokens", max_new_tokens)
+        num_return_sequences = validate_int("num_return_sequences", num_return_sequences)
+        if batch_size is not None:
+            batch_size = validate_int("batch_size", batch_size, hint=" (rows decoded together) or None for all rows")
+        seed = validate_seed(seed)
+        if do_sample:
+            temperature = validate_temperature(temperature)
+        stop_strings = validate_stop_strings(stop_strings)
         formatted = self.format_prompts(prompts, chat_template)
         self._check_lengths(formatted, max_new_tokens)
         rows = [p for p in prompts for _ in range(num_return_sequences)]
@@ -114,13 +133,15 @@ class RewardAugmentedGenerator:
             if seed is not None:
                 torch.manual_seed(seed)
             chunks = range(0, len(rows), batch_size)
-            for lo in _progress(chunks, progress, "Generating"):
-                out = self._generate_batch(row_inputs[lo:lo + batch_size], rows[lo:lo + batch_size], max_new_tokens, do_sample, temperature,
-                                           eos, list(stop_strings or []), return_traces)
-                texts += out[0]
-                seqs.append(out[1])
-                counts += out[2]
-                traces.append(out[3])
+            with _Progress(progress, len(chunks), max_new_tokens if self.slow else 0) as bar:
+                for lo in chunks:
+                    out = self._generate_batch(row_inputs[lo:lo + batch_size], rows[lo:lo + batch_size], max_new_tokens,
+                                               do_sample, temperature, eos, stop_strings, return_traces, bar)
+                    texts += out[0]
+                    seqs.append(out[1])
+                    counts += out[2]
+                    traces.append(out[3])
+                    bar.batch_done()
         width = max(s.shape[1] for s in seqs)
         pad = self.tokenizer.pad_token_id
         sequences = torch.cat([torch.nn.functional.pad(s, (0, width - s.shape[1]), value=pad) for s in seqs])
@@ -139,7 +160,8 @@ class RewardAugmentedGenerator:
                     f"context of {limit} tokens. Shorten the prompt or lower max_new_tokens."
                 )
 
-    def _generate_batch(self, prompts, raw_prompts, max_new_tokens, do_sample, temperature, eos, stop_strings, return_traces):
+    def _generate_batch(self, prompts, raw_prompts, max_new_tokens, do_sample, temperature, eos, stop_strings,
+                        return_traces, bar: "_Progress | None" = None):
         tok = self.tokenizer
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
         device = next(self.model.parameters()).device
@@ -157,9 +179,10 @@ class RewardAugmentedGenerator:
         for step in range(max_new_tokens):
             logits = out.logits[:, -1, :].float()
             res = reweight(logits, self.k, self.terms, sessions, step)
+            if bar is not None:
+                bar.step_done()
             if do_sample:
-                probs = torch.softmax(res.scores / temperature, dim=-1)
-                token = torch.multinomial(probs, num_samples=1).squeeze(1)
+                token = sample_token(res.scores, temperature)
             else:
                 token = res.scores.argmax(-1)
             token = torch.where(finished, torch.full_like(token, pad), token)
@@ -201,23 +224,86 @@ class RewardAugmentedGenerator:
         return texts, counts
 
 
-def _progress(iterable, enabled: bool, description: str):
-    if not enabled or len(iterable) <= 1:
-        return iterable
-    from rich.progress import track
+class _Progress:
+    """Progress on stderr: a bar over batches when there are several, and over decoding steps (reset per
+    batch) when ``steps`` > 0, i.e. when each step is slow (large k with a sequence reward)."""
 
-    return track(iterable, description=description, transient=True)
+    def __init__(self, enabled: bool, batches: int, steps: int = 0):
+        self.enabled = enabled and (batches > 1 or steps > 0)
+        self.batches, self.steps = batches, steps
+        self._progress = self._batch_task = self._step_task = None
+
+    def __enter__(self) -> "_Progress":
+        if not self.enabled:
+            return self
+        from rich.console import Console
+        from rich.errors import LiveError
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=Console(stderr=True), transient=True)
+        try:
+            progress.start()
+        except LiveError:  # the caller already shows a live display: stay quiet rather than fail
+            return self
+        self._progress = progress
+        if self.batches > 1:
+            self._batch_task = progress.add_task("Generating (batches)", total=self.batches)
+        if self.steps:
+            self._step_task = progress.add_task("Decoding steps", total=self.steps)
+        return self
+
+    def step_done(self) -> None:
+        if self._step_task is not None:
+            self._progress.advance(self._step_task)
+
+    def batch_done(self) -> None:
+        if self._batch_task is not None:
+            self._progress.advance(self._batch_task)
+        if self._step_task is not None:
+            self._progress.reset(self._step_task)
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
 
 
 def build_terms(rewards: Mapping | Sequence | None, *, backend: str = "torch") -> list[SteeringTerm]:
     """Normalise ``{"toxicity": -10, "path/to/rm": 5}`` / ``[SteeringTerm, ...]`` / ``[(reward, beta)]``."""
     from .rewards.loading import load_reward
 
-    if not rewards:
+    forms = ("rewards must be a mapping of reward references to beta ({'toxicity': -10, 'path/to/rm': 5}), or a "
+             "list of SteeringTerm objects or (reference, beta) pairs ([('toxicity', -10)])")
+    if rewards is None:
         return []
-    items = rewards.items() if isinstance(rewards, Mapping) else rewards
+    if isinstance(rewards, Mapping):
+        items = list(rewards.items())
+    elif isinstance(rewards, (str, bytes)) or not isinstance(rewards, Sequence):
+        raise InvalidArgumentError(f"{forms}; got {type(rewards).__name__} {rewards!r}.")
+    else:
+        items = list(rewards)
+    parsed = []
+    for i, item in enumerate(items):
+        if isinstance(item, SteeringTerm):
+            parsed.append(item)
+            continue
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise InvalidArgumentError(f"{forms}; item {i} is {item!r}.")
+        ref, beta = item
+        if not isinstance(ref, str) and not callable(getattr(ref, "start", None)):
+            raise InvalidArgumentError(f"Reward {i} ({ref!r}) is neither a reward reference (a registered name or a "
+                                       "reward-model directory) nor a Reward object with a start() method.")
+        if isinstance(ref, str) and not ref:
+            raise InvalidArgumentError(f"Reward {i} has an empty reference; name a registered reward or a directory.")
+        if isinstance(ref, str):
+            check_unicode(ref, f"Reward reference {i}")
+        parsed.append((ref, beta))
+    for item in parsed:  # every beta is checked before any reward model is loaded
+        if not isinstance(item, SteeringTerm) and not isinstance(item[1], BetaSchedule):
+            label = item[0] if isinstance(item[0], str) else getattr(item[0], "name", "?")
+            validate_beta(item[1], f"beta for reward {label!r}")
     terms = []
-    for item in items:
+    for item in parsed:
         if isinstance(item, SteeringTerm):
             terms.append(item)
             continue
@@ -239,12 +325,13 @@ def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", reward
     ``return_traces``, ``batch_size`` and ``progress``. ``device`` (cpu, cuda, …) moves the LM and the
     torch reward models there; without it everything stays where it is (loaded models: on the CPU).
     """
+    from .devices import place, resolve_device
     from .models import load_causal_lm_cached
 
-    model, tokenizer = lm if isinstance(lm, tuple) else load_causal_lm_cached(str(lm))[:2]
-    terms = build_terms(rewards, backend=backend)
     if device is not None:
-        from .devices import place
-
+        device = resolve_device(device)  # a bad or absent device fails before the slow loads
+    terms = build_terms(rewards, backend=backend)
+    model, tokenizer = lm if isinstance(lm, tuple) else load_causal_lm_cached(str(lm))[:2]
+    if device is not None:
         model = place(model, terms, device)
     return RewardAugmentedGenerator(model, tokenizer, terms, k=k).generate(prompts, **kwargs)

@@ -6,6 +6,12 @@ restarted. One processor can therefore be reused across any number of ``generate
 
 Use it with ``do_sample=True, top_k=0`` (or ``do_sample=False``): the processor does its own top-k and
 transformers' temperature is then applied to the reweighted scores, exactly as in :func:`steerkit.generate`.
+The returned scores have each row's maximum subtracted (softmax and argmax are shift-invariant), so that
+transformers computes ``(scores − max) / T`` like :func:`steerkit.generate` does: a tiny temperature then acts
+like greedy decoding instead of producing ``inf − inf = NaN``.
+
+k and β are validated as in :func:`steerkit.generate` (:mod:`steerkit.steering`); a reward returning NaN or
+±inf raises :class:`~steerkit.errors.NonFiniteRewardError` naming the reward and the step.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Sequence
 import torch
 from transformers import LogitsProcessor
 
-from .steering import SteeringTerm, check_terms, reweight, validate_k
+from .steering import SteeringTerm, check_terms, reweight, validate_k, warn_if_slow
 
 
 class RewardAugmentedLogitsProcessor(LogitsProcessor):
@@ -23,6 +29,7 @@ class RewardAugmentedLogitsProcessor(LogitsProcessor):
         self.tokenizer = tokenizer
         self.terms = check_terms(list(terms))
         self.k = validate_k(k, len(tokenizer))
+        warn_if_slow(self.k, self.terms)
         self._sessions = None
         self._last_ids: torch.Tensor | None = None
         self._prompt_length = 0
@@ -52,4 +59,5 @@ class RewardAugmentedLogitsProcessor(LogitsProcessor):
         self._last_ids = input_ids.clone()
         step = input_ids.shape[1] - self._prompt_length
         self.last_step = reweight(scores, self.k, self.terms, self._sessions, step)
-        return self.last_step.scores.to(scores.dtype)
+        out = self.last_step.scores
+        return (out - out.amax(dim=-1, keepdim=True)).to(scores.dtype)

@@ -1,18 +1,135 @@
 """One RAD reweighting step, shared by :func:`steerkit.generate` and the ``LogitsProcessor``.
 
 ``scores = z_topk + Σ_i β_i(t) · f_i(ρ_i)`` on the k most likely tokens, ``-inf`` on every other token.
+
+The validators every entry point shares (Python API, config files, the CLI, the ``LogitsProcessor``) live
+here too: :func:`validate_int`, :func:`validate_k`, :func:`validate_beta`, :func:`validate_temperature`,
+:func:`validate_seed`, :func:`validate_stop_strings`.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import operator
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 import torch
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, NonFiniteRewardError, SteerkitError
 from .rewards.base import Reward, RewardSession
+
+#: Largest |β| of one term, and of the sum of |β| over all terms. Scores are float32 (max ≈ 3.4e38) and
+#: ``z + Σ β ρ`` with ρ in [0, 1] must stay finite: 1e30 leaves eight orders of magnitude of headroom for the
+#: logits and for rewards somewhat outside [0, 1], while already being far past the point (|β| ≈ 1e3–1e6)
+#: where the reward alone decides the token.
+MAX_ABS_BETA = 1e30
+
+#: Above this many candidates per step, a sequence-level reward (one reward-model position per candidate,
+#: every step) costs far more than the LM itself: the paper and steerkit's defaults use k = 20 (1.1–1.35× the
+#: plain decode time), k = 50 is already past the point where larger k changes the steered text, and at
+#: k = 200 each step scores ten times the default's candidates.
+LARGE_K = 200
+
+#: The seeds ``torch.manual_seed`` accepts (negative seeds are taken modulo 2**64).
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+_FLOAT32 = torch.finfo(torch.float32)
+
+
+class SteerkitWarning(UserWarning):
+    """A setting that works but is probably not what you want (e.g. a very large k with a sequence reward)."""
+
+
+def validate_int(name: str, value, minimum: int | None = 1, maximum: int | None = None, *,
+                 hint: str = "") -> int:
+    """``value`` as a Python int: any integral (int, numpy integer, ...) but not a bool, within the bounds."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        if minimum == 1 and maximum is None:
+            expected = "a positive integer"
+        elif maximum is None:
+            expected = f"an integer >= {minimum}"
+        else:
+            expected = f"an integer in [{minimum}, {maximum}]"
+        raise InvalidArgumentError(f"{name} must be {expected}{hint}, got {value!r}.")
+    return number
+
+
+def validate_k(k, vocab_size: int) -> int:
+    return validate_int("k", k, 1, vocab_size, hint=" (the LM's vocabulary size)")
+
+
+def validate_seed(seed) -> int | None:
+    if seed is None:
+        return None
+    lo, hi = SEED_RANGE
+    return validate_int("seed", seed, lo, hi, hint=" (what torch.manual_seed accepts: -2**63 to 2**64 - 1) or None")
+
+
+def validate_beta(value, what: str = "beta") -> float:
+    """A real number with |β| <= :data:`MAX_ABS_BETA` (finite in float32 with headroom), as a float."""
+    if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor)) or (
+            isinstance(value, torch.Tensor) and value.numel() != 1):
+        raise InvalidArgumentError(f"{what} must be a number, got {value!r} ({type(value).__name__}).")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InvalidArgumentError(f"{what} must be a finite number, got {value!r}.")
+    if abs(number) > MAX_ABS_BETA:
+        raise InvalidArgumentError(
+            f"{what} = {value!r} is too large: |beta| must be at most {MAX_ABS_BETA:g} (scores are float32, "
+            f"max {_FLOAT32.max:.3g}); any |beta| above about 1e6 already lets the reward alone pick the token.")
+    return number
+
+
+def validate_temperature(temperature) -> float:
+    """A real number that is finite and > 0 as a float32 (the dtype the scores are divided in)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
+        raise InvalidArgumentError(f"temperature must be a number > 0, got {temperature!r}.")
+    value = float(temperature)
+    as_f32 = torch.tensor(value, dtype=torch.float32).item() if math.isfinite(value) else value
+    if not (math.isfinite(as_f32) and as_f32 > 0):
+        raise InvalidArgumentError(
+            f"temperature must be a number > 0 that stays finite and non-zero in float32 (about {2.0 ** -149:.2g} "
+            f"to {_FLOAT32.max:.3g}), got {temperature!r}; use do_sample=False for greedy decoding.")
+    return value
+
+
+def validate_stop_strings(stop_strings) -> list[str]:
+    """``None``, one string, or a list of non-empty strings that are valid Unicode."""
+    if stop_strings is None:
+        return []
+    if isinstance(stop_strings, str):
+        stop_strings = [stop_strings]
+    try:
+        items = list(stop_strings)
+    except TypeError:
+        raise InvalidArgumentError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}.") from None
+    for i, s in enumerate(items):
+        if not isinstance(s, str) or not s:
+            raise InvalidArgumentError(
+                f"stop_strings[{i}] is {s!r}: stop strings must be non-empty strings (an empty one would match "
+                "before any text is generated).")
+        check_unicode(s, f"stop_strings[{i}]")
+    return items
+
+
+def check_unicode(text: str, what: str) -> None:
+    """A typed error naming the position of a lone surrogate (not encodable, tokenizers reject it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"{what} has an invalid character {text[exc.start]!r} (a lone surrogate) at position {exc.start}; "
+            "it is not valid Unicode text. Remove it, or decode the source bytes with errors='replace'."
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -27,8 +144,18 @@ class BetaSchedule:
     def __post_init__(self):
         if self.kind not in ("constant", "linear"):
             raise InvalidArgumentError(f"Unknown beta schedule kind {self.kind!r}; use 'constant' or 'linear'.")
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
-            raise InvalidArgumentError(f"A linear beta ramp needs steps >= 1 (an integer), got {self.steps!r}.")
+        object.__setattr__(self, "beta", validate_beta(self.beta))
+        object.__setattr__(self, "start", validate_beta(self.start, "beta_start"))
+        try:
+            object.__setattr__(self, "steps", validate_int("steps", self.steps))
+        except InvalidArgumentError:
+            raise InvalidArgumentError(
+                f"A linear beta ramp needs steps >= 1 (an integer), got {self.steps!r}.") from None
+
+    @property
+    def max_abs(self) -> float:
+        """The largest |β(t)| over all steps (a linear ramp lies between its ends)."""
+        return max(abs(self.beta), abs(self.start)) if self.kind == "linear" else abs(self.beta)
 
     def at(self, step: int) -> float:
         if self.kind == "constant" or step >= self.steps:
@@ -49,14 +176,18 @@ class SteeringTerm:
     name: str = ""
 
     def __post_init__(self):
-        schedule = self.beta if isinstance(self.beta, BetaSchedule) else BetaSchedule(float(self.beta))
-        for value in (schedule.beta, schedule.start):
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise InvalidArgumentError(
-                    f"beta for reward {self.name or getattr(self.reward, 'name', '?')!r} must be a finite number, got {value!r}."
-                )
+        label = self.name or getattr(self.reward, "name", "?")
+        if isinstance(self.beta, BetaSchedule):
+            schedule = self.beta
+        else:
+            schedule = BetaSchedule(validate_beta(self.beta, f"beta for reward {label!r}"))
         self.schedule = schedule
         self.name = self.name or getattr(self.reward, "name", "reward")
+
+    @property
+    def is_sequence_reward(self) -> bool:
+        """Rewards score whole sequences unless they declare ``kind = "token"`` (cheap per-candidate scores)."""
+        return getattr(self.reward, "kind", "sequence") != "token"
 
     def weight(self, step: int) -> float:
         return self.schedule.at(step)
@@ -72,7 +203,7 @@ class StepResult:
 
 
 def check_terms(terms: list[SteeringTerm]) -> list[SteeringTerm]:
-    """Term names key the per-step rewards and traces, so they must be distinct."""
+    """Term names key the per-step rewards and traces, so they must be distinct; Σ|β| must fit in float32."""
     seen: set[str] = set()
     for term in terms:
         if term.name in seen:
@@ -81,31 +212,81 @@ def check_terms(terms: list[SteeringTerm]) -> list[SteeringTerm]:
                 "`label` in a config file) or combine their betas into one term."
             )
         seen.add(term.name)
+    total = sum(term.schedule.max_abs for term in terms)
+    if total > MAX_ABS_BETA:
+        raise InvalidArgumentError(
+            f"The betas of {', '.join(repr(t.name) for t in terms)} add up to |beta| = {total:g}; the sum of |beta| "
+            f"over all rewards must be at most {MAX_ABS_BETA:g} so that the float32 scores stay finite.")
     return terms
 
 
-def validate_k(k: int, vocab_size: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab_size:
-        raise InvalidArgumentError(f"k must be an integer in [1, {vocab_size}] (the LM's vocabulary size), got {k!r}.")
-    return k
+def warn_if_slow(k: int, terms: list[SteeringTerm], stacklevel: int = 3) -> bool:
+    """Warn (:class:`SteerkitWarning`) when k > :data:`LARGE_K` with a sequence reward; True when slow."""
+    sequence = [t.name for t in terms if t.is_sequence_reward]
+    if k <= LARGE_K or not sequence:
+        return False
+    warnings.warn(
+        f"k={k} with the sequence reward(s) {', '.join(map(repr, sequence))}: every step scores k candidate "
+        f"texts with each reward model, so decoding will be slow (steerkit's default is k=20; larger k rarely "
+        f"changes the steered text). Use a smaller k (<= {LARGE_K}) or a token-level reward (kind = 'token').",
+        SteerkitWarning, stacklevel=stacklevel)
+    return True
 
 
 def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: list[RewardSession],
              step: int) -> StepResult:
-    """Apply RAD to next-token logits [B, V]: keep the top-k, add Σ β ρ, exclude everything else."""
+    """Apply RAD to next-token logits [B, V]: keep the top-k, add Σ β ρ, exclude everything else.
+
+    Raises :class:`~steerkit.errors.NonFiniteRewardError` when a reward is NaN/±inf (also for a term with
+    β = 0, whose rewards still go into traces) or when β·ρ overflows float32.
+    """
     topk_logits, topk_ids = logits.float().topk(k, dim=-1)
     combined = topk_logits.clone()
     rewards = {}
+    reward_sum = None
     for term, session in zip(terms, sessions):
         rho = session.score(topk_ids).to(combined.device, combined.dtype)
         if term.transform is not None:
             rho = term.transform(rho)
         rewards[term.name] = rho
+        reward_sum = rho if reward_sum is None else reward_sum + rho
         beta = term.weight(step)
         if beta:
             combined = combined + beta * rho
+    # One check (one host sync) per step: NaN/±inf in any reward shows in their sum; NaN or +inf in the
+    # combined scores means an overflow or broken logits (-inf is a legitimately excluded candidate).
+    ok = (combined < math.inf).all()
+    if reward_sum is not None:
+        ok = ok & torch.isfinite(reward_sum).all()
+    if not ok:
+        _raise_non_finite(topk_ids, topk_logits, rewards, terms, step)
     scores = torch.full_like(logits, float("-inf"), dtype=torch.float32).scatter_(1, topk_ids, combined)
     return StepResult(scores, topk_ids, topk_logits, rewards, combined)
+
+
+def _raise_non_finite(topk_ids, topk_logits, rewards, terms, step) -> None:
+    """The slow path of :func:`reweight`'s check: find which term (or the LM) is to blame."""
+    where = f"at decoding step {step} (counting from 0)"
+    for term in terms:
+        rho = rewards[term.name]
+        bad = ~torch.isfinite(rho)
+        if bad.any():
+            row, col = (int(i) for i in bad.nonzero()[0])
+            raise NonFiniteRewardError(
+                f"Reward {term.name!r} returned {float(rho[row, col])} {where} for row {row}, candidate token id "
+                f"{int(topk_ids[row, col])} ({int(bad.sum())} of {bad.numel()} candidates non-finite). The reward "
+                "model is broken (e.g. NaN weights) or not a probability; check it with `steerkit score`.")
+    for term in terms:
+        beta = term.weight(step)
+        if beta and not torch.isfinite(beta * rewards[term.name]).all():
+            raise NonFiniteRewardError(
+                f"beta * reward of {term.name!r} (beta={beta:g}) overflowed float32 {where}: the reward returned "
+                f"values up to {float(rewards[term.name].abs().max()):g}, far outside [0, 1].")
+    if not (topk_logits < math.inf).all():
+        raise SteerkitError(f"The language model's next-token logits are NaN or +inf {where}; the LM's weights "
+                            "or its dtype are broken (try float32).")
+    raise NonFiniteRewardError(f"The steered scores z + sum(beta * reward) overflowed float32 {where}; lower "
+                               "the betas or use rewards in [0, 1].")
 
 
 def make_transform(kind: str, clamp: tuple[float, float] = (0.0, 1.0)) -> Transform | None:
