@@ -8,7 +8,11 @@ Layout of ``<checkpoint_dir>/step-0000400/``::
 
 A checkpoint is written into a temporary directory which is renamed into place once complete, and
 ``latest`` (a one-line text file, replaced atomically) then points at it. A process killed at any moment
-leaves either the previous checkpoint or the new one, never a half-written one that looks valid.
+leaves either the previous checkpoint or the new one, never a half-written one that looks valid. What a
+killed write can leave behind is a ``.step-N.tmpPID`` directory or a ``.latest.XXXXXXXX`` file (the temporary
+name of :func:`~steerkit.models.atomic_write_text`); :func:`clean_interrupted_writes` removes exactly those
+names when a run resumes. :func:`remove_checkpoints` removes only what checkpointing writes (``step-*``
+directories, ``latest`` and those temporaries), never anything else a user keeps in the directory.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ TRAINABLE_NAME = "trainable.safetensors"
 OPTIMIZER_NAME = "optimizer.safetensors"
 LATEST_NAME = "latest"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+# the temporary names a killed checkpoint write leaves: save_checkpoint's ".step-0000400.tmp<pid>" directory and
+# atomic_write_text's mkstemp file for "latest" (prefix ".latest.", then tempfile's 8 characters [a-z0-9_])
+_STEP_TMP = re.compile(r"^\.step-\d+\.tmp\d+$")
+_LATEST_TMP = re.compile(r"^\.latest\.[a-z0-9_]{8}$")
 
 
 @dataclass
@@ -130,6 +138,49 @@ def _step_dirs(directory: Path) -> list[tuple[int, Path]]:
         if m and p.is_dir():
             found.append((int(m.group(1)), p))
     return found
+
+
+def _interrupted_writes(directory: Path) -> list[Path]:
+    found = []
+    for p in directory.iterdir() if directory.is_dir() and not directory.is_symlink() else []:
+        if p.is_symlink():
+            continue
+        if (_STEP_TMP.match(p.name) and p.is_dir()) or (_LATEST_TMP.match(p.name) and p.is_file()):
+            found.append(p)
+    return sorted(found)
+
+
+def clean_interrupted_writes(directory: Path) -> list[Path]:
+    """Remove what killed checkpoint writes left in ``directory`` (only names matching exactly
+    ``.step-N.tmpPID`` directories and ``.latest.XXXXXXXX`` files); returns what was removed."""
+    removed = []
+    for p in _interrupted_writes(directory):
+        with contextlib.suppress(FileNotFoundError):
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        removed.append(p)
+    return removed
+
+
+def remove_checkpoints(directory: Path, *, remove_dir: bool) -> None:
+    """Delete the checkpoints in ``directory``: its ``step-*`` directories, ``latest`` and the temporaries of
+    interrupted writes. Anything else stays; the directory itself goes only if ``remove_dir`` (the run created
+    it) and it is then empty."""
+    if not directory.is_dir() or directory.is_symlink():
+        return
+    for _, p in _step_dirs(directory):
+        if not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+    latest = directory / LATEST_NAME
+    if latest.is_file() and not latest.is_symlink():
+        with contextlib.suppress(FileNotFoundError):
+            latest.unlink()
+    clean_interrupted_writes(directory)
+    if remove_dir:
+        with contextlib.suppress(OSError):  # not empty: the user put something there, so it stays
+            directory.rmdir()
 
 
 def has_checkpoints(directory: Path) -> bool:

@@ -67,7 +67,9 @@ def train(
     name: Optional[str] = typer.Option(None, "--name", help="Reward name (shown in cards and traces)."),
     attribute: Optional[str] = typer.Option(None, "--attribute", help="What ρ measures."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Discard existing checkpoints and start again."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing --output that is a steerkit reward "
+                                   "model (anything else there is always refused) and discard an earlier run's "
+                                   "checkpoints."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print the final metrics as JSON."),
 ):

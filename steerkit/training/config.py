@@ -73,6 +73,8 @@ class TrainConfig(ValidatedConfig):
     output_dir: str = Field(min_length=1)
     checkpoint_dir: str | None = Field(default=None, description="Default: <output_dir>.checkpoints")
     keep_checkpoint_dir: bool = Field(default=False, description="Keep checkpoints after a successful run")
+    overwrite: bool = Field(default=False, description="Replace an existing output_dir if it is a steerkit reward "
+                            "model (anything else is always refused) and discard an earlier run's checkpoints")
     card: str | None = Field(default=None, description="Also write the model card here (README.md is always written)")
     intended_use: str = ""
     limitations: list[str] = []
@@ -122,7 +124,7 @@ class TrainConfig(ValidatedConfig):
         """What a checkpoint must agree with to be resumed: everything that shapes the training trajectory."""
         ignore = {"eval_every", "eval_limit", "eval_batch_size", "checkpoint_every", "keep_checkpoints",
                   "output_dir", "checkpoint_dir", "keep_checkpoint_dir", "card", "intended_use", "limitations",
-                  "threads", "data_root", "attribute", "name"}
+                  "threads", "data_root", "attribute", "name", "overwrite"}
         payload = {k: v for k, v in self.model_dump(mode="json").items() if k not in ignore}
         for key in ("data", "eval"):
             payload[key] = [{k: v for k, v in d.items() if k not in {"name", "licence"}} for d in payload[key]]

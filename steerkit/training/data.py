@@ -352,6 +352,9 @@ def _unit_hash(key: str) -> float:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2.0**64
 
 
+MIN_EXAMPLES_FOR_DEV = 2  # in one source: one held out for the dev split, one to train on
+
+
 @dataclass
 class Dataset:
     sources: list[DataSource]
@@ -396,17 +399,39 @@ def build_dataset(sources: list[DataSource], eval_sources: list[DataSource], dat
         per_source.append(kept)
         all_stats.append(stats)
 
-    train, dev = [], []
-    for i, kept in enumerate(per_source):
-        # dev membership is a pure function of (seed, file, line): two views of one file (e.g. the prompt and
-        # the continuation of the same record) fall on the same side of the split
-        key = sources[i].path
-        scores = [_unit_hash(f"{seed}:split:{key}:{ex.line}") for ex in kept]
+    # dev membership is a pure function of (seed, file, line): two views of one file (e.g. the prompt and
+    # the continuation of the same record) fall on the same side of the split
+    all_scores = [[_unit_hash(f"{seed}:split:{sources[i].path}:{ex.line}") for ex in kept]
+                  for i, kept in enumerate(per_source)]
+    dev_sets = []
+    for kept, scores in zip(per_source, all_scores):
         dev_idx = {j for j, u in enumerate(scores) if u < dev_fraction}
         if dev_max_per_source is not None and len(dev_idx) > dev_max_per_source:
             dev_idx = set(sorted(dev_idx, key=lambda j: scores[j])[:dev_max_per_source])
         if len(dev_idx) == len(kept):  # keep at least one training row
             dev_idx.discard(max(dev_idx, key=lambda j: scores[j]))
+        dev_sets.append(dev_idx)
+    if dev_fraction > 0 and not any(dev_sets):
+        # A small dataset can draw no dev row at all; then nothing would measure the model and metrics.json /
+        # the card would say `dev: {}` without a word. Hold out the lowest-scoring row of the largest source
+        # that can spare one (still a pure function of seed, file and line), so that "at least 2 rows in one
+        # source" is an exact minimum; below it there is nothing to hold out and that is an error, not a warning:
+        # dev_fraction > 0 asks for a dev split, and `dev_fraction: 0` is the explicit way to train without one
+        # (the trainer then warns if no eval set measures the model either).
+        spare = [i for i, kept in enumerate(per_source) if len(kept) >= MIN_EXAMPLES_FOR_DEV]
+        if not spare:
+            counts = ", ".join(f"{sources[i].resolve(data_root)}: {len(kept)}" for i, kept in enumerate(per_source))
+            raise DataError(
+                f"Too few examples to hold out a dev split: the dev split is a seeded dev_fraction "
+                f"({dev_fraction:g}) of each training source's rows, always leaving each source one row to train "
+                f"on, so it needs at least {MIN_EXAMPLES_FOR_DEV} usable examples (after de-duplication) in one "
+                f"source; got {counts}. Add examples, or set dev_fraction: 0 to train without a dev split "
+                "(then give an eval set, --eval FILE, so that the model is measured).")
+        i = max(spare, key=lambda s: len(per_source[s]))
+        dev_sets[i] = {min(range(len(per_source[i])), key=lambda j: all_scores[i][j])}
+
+    train, dev = [], []
+    for i, (kept, dev_idx) in enumerate(zip(per_source, dev_sets)):
         for j, ex in enumerate(kept):
             (dev if j in dev_idx else train).append(ex)
         all_stats[i].dev = len(dev_idx)

@@ -10,6 +10,12 @@ Order of work, chosen so that nothing already trained is ever lost:
    functions of the step, and the optimizer state and RNG are restored exactly);
 4. evaluate on the dev split (per source) and the held-out sets, then write the reward-model directory
    (weights, metrics.json, README.md model card) into a temporary directory and swap it into place.
+
+What is never deleted: an existing ``output_dir`` is refused before training starts (and again before the
+swap) unless it is empty, or ``overwrite`` is set and it is a steerkit reward-model directory (it has
+``reward_config.json``); a regular file, a symbolic link or any other directory there is always refused. In
+``checkpoint_dir`` only what checkpointing writes is removed (``step-*``, ``latest``, the temporaries of
+interrupted writes), and the directory itself only if this run created it and it is then empty.
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ from typing import Callable
 
 import torch
 
-from ..errors import CheckpointError, ConfigError
-from ..rewards.model import RewardModel, lora_config
-from .checkpoint import has_checkpoints, load_checkpoint, optimizer_from_tensors, save_checkpoint
+from ..errors import CheckpointError, ConfigError, OutputExistsError
+from ..rewards.model import CONFIG_NAME, RewardModel, lora_config
+from .checkpoint import (LATEST_NAME, STATE_NAME, clean_interrupted_writes, has_checkpoints, load_checkpoint,
+                         optimizer_from_tensors, remove_checkpoints, save_checkpoint)
 from .config import TrainConfig
 from .data import Dataset, build_dataset, collate, epoch_indices, length_grouped_batches, tokenize
 from .loss import LOSSES
@@ -161,10 +168,49 @@ def _log(message: str, progress_bar=None) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+def check_output_dir(output: Path, overwrite: bool) -> None:
+    """Raise :class:`OutputExistsError` unless writing the reward model to ``output`` destroys nothing.
+
+    Allowed: ``output`` does not exist, is an empty directory, or (only with ``overwrite``) is a steerkit
+    reward-model directory. A regular file, a symbolic link or any other non-empty directory is refused."""
+    if output.is_symlink():
+        raise OutputExistsError(f"Output {output} is a symbolic link; steerkit will not replace it. Give the real "
+                                "directory as --output (-o / output_dir), or another path.")
+    if not output.exists():
+        return
+    if not output.is_dir():
+        raise OutputExistsError(f"Output {output} exists and is not a directory; steerkit never replaces it, even "
+                                "with --overwrite. Choose another --output (-o / output_dir), or move it away.")
+    if not any(output.iterdir()):
+        return
+    if not (output / CONFIG_NAME).is_file():
+        raise OutputExistsError(f"Output directory {output} is not empty and is not a steerkit reward model (no "
+                                f"{CONFIG_NAME}); steerkit will not replace it, even with --overwrite. Choose "
+                                "another --output (-o / output_dir), or empty it yourself.")
+    if not overwrite:
+        raise OutputExistsError(f"Output {output} already holds a reward model. Pass --overwrite (overwrite: true) "
+                                "to replace it, or choose another --output (-o / output_dir).")
+
+
+def _check_checkpoint_dir(ckpt_dir: Path, output: Path) -> None:
+    if ckpt_dir.exists() and not ckpt_dir.is_dir():
+        raise ConfigError(f"checkpoint_dir {ckpt_dir} exists and is not a directory. Choose another "
+                          "--checkpoint-dir.")
+    out, ckpt = output.resolve(), ckpt_dir.resolve()
+    if ckpt == out or out in ckpt.parents:
+        raise ConfigError(f"checkpoint_dir {ckpt_dir} is inside output_dir {output}, which is replaced when "
+                          "training ends. Choose a --checkpoint-dir outside it (the default is OUTPUT.checkpoints).")
+
+
 def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
           callbacks: Callbacks | None = None) -> TrainResult:
-    """Train a reward model as configured and write its directory to ``config.output_dir``."""
+    """Train a reward model as configured and write its directory to ``config.output_dir``.
+
+    ``overwrite`` (or ``config.overwrite``) allows replacing an existing reward-model directory at
+    ``output_dir`` and discarding an earlier run's checkpoints; see the module docstring for what is never
+    deleted."""
     callbacks = callbacks or Callbacks()
+    overwrite = overwrite or config.overwrite
     if config.threads:
         torch.set_num_threads(config.threads)
     started = time.perf_counter()
@@ -172,12 +218,25 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     dataset = build_dataset(config.data, config.eval, data_root, seed=config.seed, dev_fraction=config.dev_fraction,
                             dev_max_per_source=config.dev_max_per_source, dedup=config.dedup)
     data_hashes = {s.path: s.sha256 for s in dataset.stats + [st for _, _, st in dataset.eval_sets]}
+    if not dataset.dev and not dataset.eval_sets:
+        # Only reachable with dev_fraction 0 (build_dataset raises when a dev split is asked for and impossible).
+        # A warning, not an error: training on every row and evaluating elsewhere (`steerkit eval`) is legitimate,
+        # but the user should know that metrics.json and the card will hold no measurement of the model.
+        message = ("dev_fraction is 0 and no eval set is given: nothing measures the trained model, so metrics.json "
+                   "and the model card will have no dev or test metrics. Set dev_fraction > 0 or add --eval FILE.")
+        warnings.warn(message, UserWarning, stacklevel=2)
+    output = Path(config.output_dir)
+    check_output_dir(output, overwrite)  # now, not after minutes of training
     ckpt_dir = config.checkpoint_path
+    _check_checkpoint_dir(ckpt_dir, output)
+    # whether this run owns the checkpoint directory (then removes it once empty); a resumed run inherits it
+    created_ckpt_dir = not ckpt_dir.exists()
     if not resume and has_checkpoints(ckpt_dir):
         if not overwrite:
             raise CheckpointError(f"{ckpt_dir} holds checkpoints of an earlier run. Pass --resume to continue it, "
                                   "or --overwrite to discard them and start again.")
-        shutil.rmtree(ckpt_dir)
+        created_ckpt_dir = _state_flag(ckpt_dir, "created_checkpoint_dir", default=config.checkpoint_dir is None)
+        remove_checkpoints(ckpt_dir, remove_dir=False)  # only the checkpoints: anything else there stays
 
     model = build_model(config)
     tokens = _tokenize_all(model, dataset, config)
@@ -199,9 +258,11 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     warmup = int(round(config.warmup_fraction * total))
     fingerprint = config.run_fingerprint()
 
-    step, history, elapsed_before = 0, [], 0.0
+    step, history, elapsed_before, running = 0, [], 0.0, None
     resumed_from = None
     if resume:
+        for leftover in clean_interrupted_writes(ckpt_dir):  # killed checkpoint writes would pile up otherwise
+            _log(f"removed {leftover} (left by an interrupted checkpoint write)")
         ckpt = load_checkpoint(ckpt_dir)
         state = ckpt.state
         if state.get("fingerprint") != fingerprint:
@@ -220,6 +281,10 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         optimizer_from_tensors(optimizer, ckpt.optimizer_tensors, state["optimizer_param_groups"])
         torch.set_rng_state(rng)
         step, history, elapsed_before = state["step"], state.get("history", []), state.get("train_seconds", 0.0)
+        # the loss moving average goes on where it stopped, so the history equals an uninterrupted run's
+        running = state.get("running_loss")
+        # (checkpoints written before this was recorded: the default OUTPUT.checkpoints is the run's own)
+        created_ckpt_dir = bool(state.get("created_checkpoint_dir", config.checkpoint_dir is None))
         resumed_from = ckpt.path.name
         _log(f"resuming from {ckpt.path} (step {step}/{total})")
 
@@ -243,7 +308,8 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     def checkpoint(at_step: int, seconds: float) -> Path:
         path = save_checkpoint(ckpt_dir, at_step, {n: p.detach() for n, p in params.items()}, optimizer,
                                {"fingerprint": fingerprint, "data_sha256": data_hashes, "history": history,
-                                "train_seconds": seconds, "total_steps": total}, keep=config.keep_checkpoints)
+                                "train_seconds": seconds, "total_steps": total, "running_loss": running,
+                                "created_checkpoint_dir": created_ckpt_dir}, keep=config.keep_checkpoints)
         if callbacks.on_checkpoint:
             callbacks.on_checkpoint(at_step, path)
         return path
@@ -251,7 +317,6 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     model.train()
     loop_start = time.perf_counter()
     examples_seen = 0
-    running = None
     plan_epoch, plan = -1, []
     with _StopRequest() as stop:
         while step < total:
@@ -320,9 +385,9 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     metrics["eval_data"] = [vars(s) for _, _, s in dataset.eval_sets]
     metrics["removed_eval_overlap"] = dataset.removed_overlap
     metrics["history"] = history
-    output = _write_output(model, config, metrics)
+    output = _write_output(model, config, metrics, overwrite=overwrite)
     if not config.keep_checkpoint_dir:
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
+        remove_checkpoints(ckpt_dir, remove_dir=created_ckpt_dir)
     _log(f"wrote {output} ({train_seconds:.0f} s training, {eval_seconds:.0f} s evaluation)")
     return TrainResult(output, metrics, total, train_seconds)
 
@@ -363,12 +428,21 @@ def _portable_config(config: TrainConfig) -> dict:
     return data
 
 
-def _write_output(model: RewardModel, config: TrainConfig, metrics: dict) -> Path:
+def _state_flag(ckpt_dir: Path, key: str, default: bool) -> bool:
+    """``key`` from the state of the newest checkpoint in ``ckpt_dir`` (``default`` when absent or unreadable)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        name = (ckpt_dir / LATEST_NAME).read_text(encoding="utf-8").strip()
+        return bool(json.loads((ckpt_dir / name / STATE_NAME).read_text(encoding="utf-8")).get(key, default))
+    return default
+
+
+def _write_output(model: RewardModel, config: TrainConfig, metrics: dict, *, overwrite: bool = False) -> Path:
     """Write the reward-model directory next to its destination, then swap it in (the old one survives failures)."""
     from ..models import atomic_write_text
     from .card import render_card
 
     output = Path(config.output_dir)
+    check_output_dir(output, overwrite)  # again: something may have appeared there during training
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.new."))
     try:
@@ -381,9 +455,10 @@ def _write_output(model: RewardModel, config: TrainConfig, metrics: dict) -> Pat
         for f in tmp.iterdir():
             os.chmod(f, 0o644)
         old = None
-        if output.exists():
-            old = output.parent / f".{output.name}.old.{os.getpid()}"
-            os.rename(output, old)
+        if output.exists():  # an empty directory or (with overwrite) a reward model: check_output_dir allowed it
+            check_output_dir(output, overwrite)
+            old = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.old."))
+            os.rename(output, old / output.name)
         os.rename(tmp, output)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
