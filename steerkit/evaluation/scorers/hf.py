@@ -22,13 +22,27 @@ class HFClassifierScorer(BaseScorer):
 
         if measures not in MEASURES:
             raise PluginError(f"hf-classifier: measures must be one of {', '.join(MEASURES)}, got {measures!r}.")
+        from pathlib import Path
+
+        from ...devices import resolve_device
+        from ...models import raise_if_remote_code, check_no_remote_code, check_safetensors_weights
+
+        device = resolve_device(device) if device else None
+        if Path(str(model)).expanduser().is_dir():  # refused up front: model code, pickled weights
+            check_no_remote_code(Path(str(model)).expanduser())
+            check_safetensors_weights(Path(str(model)).expanduser())
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(model)
-            self.model = AutoModelForSequenceClassification.from_pretrained(model).eval()
+            # never run code shipped with the model, never unpickle weights
+            self.tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=False)
+            self.model = AutoModelForSequenceClassification.from_pretrained(
+                model, trust_remote_code=False, use_safetensors=True).eval()
         except OSError as exc:
             raise ModelNotFoundError(
                 f"hf-classifier could not load {model!r} ({exc}). Pass a local directory with a sequence-"
-                "classification checkpoint, or a hub id on a machine with hub access.") from None
+                "classification checkpoint (safetensors weights), or a hub id on a machine with hub access.") from None
+        except ValueError as exc:
+            raise_if_remote_code(str(model), exc)
+            raise
         if device:
             self.model.to(device)
         id2label = {int(i): str(l) for i, l in self.model.config.id2label.items()}
