@@ -8,7 +8,7 @@ from .decoding import GenerationOutput, RewardAugmentedGenerator, generate
 from .errors import (
     CheckpointError, ConfigError, DataError, ExportError, InvalidArgumentError, ModelFormatError, ModelIntegrityError,
     ModelNotFoundError, ModelNotInstalledError, NonFiniteRewardError, OutputExistsError, PluginConflictError,
-    PluginError, PromptTooLongError, RewardModelFormatError, SteerkitError, UnsafeModelError,
+    PluginError, PromptTooLongError, RewardModelFormatError, SteerkitError, SteerkitWarning, UnsafeModelError,
 )
 from .hf import RewardAugmentedLogitsProcessor
 from .models import load_causal_lm, load_tokenizer, resolve
@@ -26,5 +26,5 @@ __all__ = [
     "load_tokenizer", "resolve", "hookimpl", "SteerkitError", "InvalidArgumentError", "PromptTooLongError",
     "ModelNotFoundError", "ModelNotInstalledError", "ModelIntegrityError", "RewardModelFormatError",
     "PluginError", "ConfigError", "DataError", "CheckpointError", "ExportError", "ModelFormatError",
-    "UnsafeModelError", "PluginConflictError", "NonFiniteRewardError", "OutputExistsError",
+    "UnsafeModelError", "PluginConflictError", "SteerkitWarning", "NonFiniteRewardError", "OutputExistsError",
 ]

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import List, Optional
 
@@ -24,7 +25,7 @@ from rich.table import Table
 
 from . import threads as _threads
 from .config import SteeringConfig
-from .errors import DataError, InvalidArgumentError, SteerkitError
+from .errors import DataError, InvalidArgumentError, NonFiniteRewardError, SteerkitError, SteerkitWarning
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Controlled text generation with Reward-Augmented Decoding.")
@@ -154,6 +155,11 @@ def score(
             "with trained reward models only. See what it does while steering with "
             f"`steerkit generate PROMPT --reward {reward}=BETA --json --traces`.")
     finals, per_prefix = scorer.model.score_texts(list(texts), per_prefix=True)
+    bad = [i for i, (final, prefix_rewards) in enumerate(zip(finals, per_prefix))
+           if not all(math.isfinite(r) for r in [final, *prefix_rewards])]
+    if bad:
+        raise NonFiniteRewardError(f"Reward {reward!r} returned NaN or infinity for text {bad[0]} (of {len(texts)}): "
+                                   "its weights are corrupt or it overflowed; retrain or re-export it.")
     tokenizer = scorer.model.tokenizer
     records = []
     for text, final, prefix_rewards in zip(texts, finals, per_prefix):
@@ -189,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     2 a usage or input error, 130 interrupted.
     """
     args = sys.argv[1:] if argv is None else list(argv)
+    warnings.formatwarning = _format_warning
     try:
         _check_utf8(args)
         command = typer.main.get_command(app)
@@ -231,6 +238,16 @@ def _cli_exception(exc: Exception):
     where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
     message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
     _fail(message + where, code=getattr(exc, "exit_code", 2) or 2)
+
+
+_default_formatwarning = warnings.formatwarning
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """steerkit's own warnings as one ``warning:`` line; anything else in Python's usual format."""
+    if issubclass(category, SteerkitWarning):
+        return f"warning: {_one_line(str(message))}\n"
+    return _default_formatwarning(message, category, filename, lineno, line)
 
 
 def _one_line(text: str, limit: int = 2000) -> str:

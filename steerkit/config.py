@@ -7,7 +7,6 @@ raise :class:`~steerkit.errors.ConfigError` naming the path of the offending fie
 from __future__ import annotations
 
 import json
-import math
 import tomllib
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -50,10 +49,10 @@ class RewardSpec(BaseModel):
 
     @field_validator("beta", "beta_start")
     @classmethod
-    def _finite(cls, v: float) -> float:
-        if not math.isfinite(v):
-            raise ValueError("must be a finite number")
-        return v
+    def _beta(cls, v: float, info) -> float:
+        from .steering import validate_beta
+
+        return validate_beta(v, info.field_name)  # finite, and small enough for float32 scores
 
     @model_validator(mode="after")
     def _clamp_order(self):
@@ -86,6 +85,13 @@ class SteeringConfig(ValidatedConfig):
     backend: Literal["torch", "onnx"] = "torch"
     device: DeviceName = None  # torch device for the LM and torch reward models: cpu (default), cuda, cuda:1, mps
     prompts: list[str] = []
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature(cls, v: float) -> float:
+        from .steering import validate_temperature
+
+        return validate_temperature(v)  # > 0 and finite in float32, the dtype scores are divided in
 
     @classmethod
     def from_file(cls, path: str | Path) -> "SteeringConfig":

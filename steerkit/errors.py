@@ -69,3 +69,7 @@ class NonFiniteRewardError(SteerkitError, FloatingPointError):
 
 class OutputExistsError(SteerkitError, FileExistsError):
     """An output path already holds something steerkit would overwrite; pass ``--overwrite`` or another path."""
+
+
+class SteerkitWarning(UserWarning):
+    """A setting that works but is probably not what you want (e.g. a very large k with a sequence reward)."""

@@ -18,7 +18,7 @@ from typing import Callable, Literal
 
 import torch
 
-from .errors import InvalidArgumentError, NonFiniteRewardError, SteerkitError
+from .errors import InvalidArgumentError, NonFiniteRewardError, SteerkitError, SteerkitWarning
 from .rewards.base import Reward, RewardSession
 
 #: Largest |β| of one term, and of the sum of |β| over all terms. Scores are float32 (max ≈ 3.4e38) and
@@ -37,10 +37,6 @@ LARGE_K = 200
 SEED_RANGE = (-(2**63), 2**64 - 1)
 
 _FLOAT32 = torch.finfo(torch.float32)
-
-
-class SteerkitWarning(UserWarning):
-    """A setting that works but is probably not what you want (e.g. a very large k with a sequence reward)."""
 
 
 def validate_int(name: str, value, minimum: int | None = 1, maximum: int | None = None, *,

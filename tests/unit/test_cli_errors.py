@@ -103,6 +103,7 @@ def _cases():
         "score/bogus-backend": ["score", "--reward", "{rm}", "--backend", "bogus", "hi"],
         "score/not-a-reward-model": ["score", "--reward", "positive-words", "hi"],
         "score/unknown-reward": ["score", "--reward", "no-such-reward", "hi"],
+        "score/nan-reward": ["score", "--reward", "{nan}", "--json", "hi"],
         "score/longer-than-context": ["score", "--reward", "{rm}", "word " * 400],
         # train, eval, export, plugins
         "train/missing-config": ["train", "{root}/nope.yaml"],
@@ -134,6 +135,21 @@ def test_bad_input_exits_2_with_one_line(name, files, capsys):
 def test_existing_output_is_left_intact(files, capsys):
     run(["train", str(files["root"] / "train.yaml"), "-o", str(files["root"] / "notempty")], capsys)
     assert (files["root"] / "notempty" / "precious.txt").read_text(encoding="utf-8") == "keep me"
+
+
+def test_large_k_warning_is_one_line(files, capsys, monkeypatch):
+    import sys
+    import warnings
+
+    def show(message, category, filename, lineno, file=None, line=None):  # Python's default, undoing pytest's capture
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+    monkeypatch.setattr(warnings, "showwarning", show)
+    code, _, err = run(["generate", "hi", "--lm", files["lm"], "--reward", f"{files['rm']}=1", "-k", "250", "-t", "1"],
+                       capsys)
+    assert code == 0
+    warning = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warning) == 1 and "250" in warning[0] and "token-level" in warning[0], err
 
 
 def test_help_shows_defaults_and_plain_flags(capsys, monkeypatch):
