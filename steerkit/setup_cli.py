@@ -139,6 +139,7 @@ def demo(
 ):
     """Unsteered vs detoxified vs positive vs both, side by side, with the shipped reward models."""
     from .config import SteeringConfig
+    from .threads import describe as describe_threads
 
     prompts = list(prompts or DEMO_PROMPTS)
     settings = {
@@ -152,6 +153,8 @@ def demo(
         cfg = SteeringConfig(lm=lm, k=k, max_new_tokens=max_new_tokens, seed=seed).with_rewards(rewards)
         outputs[label] = cfg.generate(prompts)
         console.print(f"{label}: {outputs[label].tokens_per_second:.1f} tok/s")
+    console.print(f"(batch of {len(prompts)} prompts, k={k}, {describe_threads()}: "
+                  "`steerkit --threads N demo` to change; model loading not included)")
     scorers = _demo_scorers()
     for i, prompt in enumerate(prompts):
         table = Table(title=prompt, show_lines=True)

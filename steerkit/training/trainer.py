@@ -38,6 +38,7 @@ from typing import Callable
 
 import torch
 
+from ..threads import set_threads
 from ..errors import CheckpointError, ConfigError, OutputExistsError
 from ..rewards.model import CONFIG_NAME, RewardModel, lora_config
 from .checkpoint import (LATEST_NAME, STATE_NAME, clean_interrupted_writes, has_checkpoints, load_checkpoint,
@@ -211,8 +212,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     deleted."""
     callbacks = callbacks or Callbacks()
     overwrite = overwrite or config.overwrite
-    if config.threads:
-        torch.set_num_threads(config.threads)
+    set_threads(config.threads)  # None: steerkit's default (see steerkit.threads)
     started = time.perf_counter()
     data_root = config.resolved_data_root()
     dataset = build_dataset(config.data, config.eval, data_root, seed=config.seed, dev_fraction=config.dev_fraction,
