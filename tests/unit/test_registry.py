@@ -74,7 +74,7 @@ from steerkit import hookimpl
 def register_reward_model(register):
     register("never", lambda: None)
 '''),
-    # entry points load in name order, so "twin" comes after "good" and loses the name they both claim
+    # "twin" also registers "good-reward": the fixture's STEERKIT_PREFER picks "good" for it
     "twin": ("steerkit-twin", "0.4", "sk_twinplug", '''
 from steerkit import hookimpl
 
@@ -109,6 +109,9 @@ def fake_plugins(tmp_path, monkeypatch):
         write_plugin(site, ep_name, dist, version, module, source)
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.delenv(registry.ENV_ALLOWLIST, raising=False)
+    # "good" and "twin" both register "good-reward"; a shared name is ambiguous until the user picks one
+    # (tests/unit/test_plugin_conflicts.py), so these tests pick "good"
+    monkeypatch.setenv(registry.ENV_PREFER, "good-reward=good")
     registry.reset()
     yield site
     registry.reset()
@@ -156,7 +159,7 @@ def test_a_broken_plugin_is_reported_by_name_and_the_others_work(fake_plugins):
 
     twin = plugin("twin")
     assert twin.rewards == ["dup-only"]
-    assert any("'good-reward' is already registered by plugin 'good'" in e for e in twin.errors)
+    assert any("'good-reward' is also registered by plugin 'good'" in c for c in twin.conflicts)
     assert registry.get_registry().entries["reward"]["good-reward"].plugin == "good"
 
     assert "invalid reward name 'has space'" in plugin("badname").errors[0]
