@@ -94,6 +94,17 @@ class HookSpecs:
         ``description`` is one line shown by ``steerkit plugins``.
         """
 
+    @hookspec
+    def register_commands(self, cli):
+        """Add subcommands to the ``steerkit`` command line: ``cli`` is its root typer app.
+
+        Decorate functions with ``@cli.command()`` (or add a group with ``cli.add_typer(...)``). Called once
+        when the command line starts, after steerkit's own commands are registered; a command name that is
+        already taken is an error reported by ``steerkit plugins``, and the plugin's other commands still load.
+        Raise :class:`steerkit.SteerkitError` subclasses for user mistakes so the CLI prints one line and
+        exits 2.
+        """
+
 
 @dataclass(frozen=True)
 class Registration:
