@@ -1,7 +1,10 @@
 """The reward model: a causal (unidirectional) backbone, optionally truncated, plus a scalar head.
 
-``ρ = sigmoid(head(h_t))`` is read at every position, so a single forward pass gives the reward of
-every prefix, which is what both the paper's cumulative loss and cached decoding need.
+``ρ = f(head(h_t))`` is read at every position, so a single forward pass gives the reward of every
+prefix, which is what both the paper's cumulative loss and cached decoding need. The output function
+``f`` is the config's ``output_function``: ``sigmoid`` (steerkit's trained models, the default) or
+``clamp`` (``clamp(x, 0, 1)``, the paper's reward models, see :mod:`steerkit.rewards.rad_import`).
+The backbone is the base model of any causal LM whose blocks form a list (:mod:`.backbones`).
 
 A reward model is saved as a directory (never pickled)::
 
@@ -27,6 +30,7 @@ from torch import nn
 
 from ..errors import PromptTooLongError, RewardModelFormatError
 from ..models import atomic_write_text, context_length, load_causal_lm, load_tokenizer, resolve
+from .backbones import default_lora_targets, num_blocks, output_hidden_size, truncate, uses_conv1d
 
 CONFIG_NAME = "reward_config.json"
 HEAD_NAME = "head.safetensors"
@@ -40,7 +44,8 @@ class LoraSettings(BaseModel):
     r: int = 8
     alpha: int = 16
     dropout: float = 0.0
-    target_modules: list[str] = ["q_proj", "v_proj"]
+    #: None: the backbone family's attention projections (q_proj/v_proj, GPT-2 c_attn, GPT-NeoX query_key_value)
+    target_modules: list[str] | None = None
 
 
 class RewardModelConfig(BaseModel):
@@ -60,6 +65,7 @@ class RewardModelConfig(BaseModel):
     lora: LoraSettings | None = None
     start_token_id: int  # prepended to every text, so an empty prefix can be scored
     max_length: int = 512
+    output_function: Literal["sigmoid", "clamp"] = "sigmoid"  # rho = sigmoid(head(h)) or clamp(head(h), 0, 1)
 
 
 @dataclass
@@ -68,14 +74,10 @@ class RewardOutput:
     past_key_values: object | None = None
 
 
-def _truncate(backbone: nn.Module, num_layers: int) -> None:
-    total = len(backbone.layers)
-    if not 1 <= num_layers <= total:
-        raise RewardModelFormatError(f"num_layers must be in [1, {total}] for this backbone, got {num_layers}.")
-    backbone.layers = backbone.layers[:num_layers]
-    backbone.config.num_hidden_layers = num_layers
-    if isinstance(getattr(backbone.config, "layer_types", None), list):
-        backbone.config.layer_types = backbone.config.layer_types[:num_layers]
+OUTPUT_FUNCTIONS = {
+    "sigmoid": torch.sigmoid,
+    "clamp": lambda x: torch.clamp(x, 0.0, 1.0),
+}
 
 
 class RewardModel(nn.Module):
@@ -108,12 +110,12 @@ class RewardModel(nn.Module):
     @classmethod
     def _wrap(cls, lm, tokenizer, reference, fingerprint, num_layers, **kw) -> "RewardModel":
         backbone = lm.base_model
-        num_layers = num_layers or len(backbone.layers)
-        _truncate(backbone, num_layers)
+        num_layers = num_layers or num_blocks(backbone)
+        truncate(backbone, num_layers)
         start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         config = RewardModelConfig(
             backbone=reference, backbone_fingerprint=fingerprint, num_layers=num_layers,
-            hidden_size=backbone.config.hidden_size, vocab_size=backbone.config.vocab_size,
+            hidden_size=output_hidden_size(lm), vocab_size=backbone.config.vocab_size,
             start_token_id=int(start), **kw,
         )
         model = cls(backbone, config, tokenizer)
@@ -126,7 +128,7 @@ class RewardModel(nn.Module):
                 use_cache: bool = False) -> RewardOutput:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                             past_key_values=past_key_values, use_cache=use_cache)
-        rewards = torch.sigmoid(self.head(out.last_hidden_state).squeeze(-1))
+        rewards = OUTPUT_FUNCTIONS[self.config.output_function](self.head(out.last_hidden_state).squeeze(-1))
         return RewardOutput(rewards, out.past_key_values if use_cache else None)
 
     def context_limit(self) -> int | None:
@@ -228,12 +230,13 @@ class RewardModel(nn.Module):
         lm, _, _ = load_causal_lm(config.backbone)
         tokenizer = load_tokenizer(config.tokenizer or config.backbone)
         backbone = lm.base_model
-        if backbone.config.hidden_size != config.hidden_size or backbone.config.vocab_size != config.vocab_size:
+        hidden = output_hidden_size(lm)
+        if hidden != config.hidden_size or backbone.config.vocab_size != config.vocab_size:
             raise RewardModelFormatError(
-                f"{directory}: backbone {config.backbone!r} has hidden size {backbone.config.hidden_size} and "
+                f"{directory}: backbone {config.backbone!r} has hidden size {hidden} and "
                 f"vocab {backbone.config.vocab_size}, the reward model expects {config.hidden_size} / {config.vocab_size}."
             )
-        _truncate(backbone, config.num_layers)
+        truncate(backbone, config.num_layers)
         try:
             if config.method == "lora":
                 backbone = _apply_lora(backbone, config, load_file(str(directory / ADAPTER_NAME)))
@@ -279,11 +282,25 @@ def _load_strict(module: nn.Module, state: dict, path: Path) -> None:
     module.load_state_dict(state)
 
 
-def lora_config(settings: LoraSettings):
+def resolve_lora(settings: LoraSettings, backbone: nn.Module) -> LoraSettings:
+    """``settings`` with ``target_modules`` filled in from the backbone's family when it names none."""
+    if settings.target_modules is not None:
+        return settings
+    return settings.model_copy(update={"target_modules": default_lora_targets(backbone)})
+
+
+def lora_config(settings: LoraSettings, backbone: nn.Module | None = None):
+    """A peft LoraConfig; ``backbone`` resolves default targets and GPT-2's Conv1D layout (fan_in_fan_out)."""
     from peft import LoraConfig
 
+    if backbone is not None:
+        settings = resolve_lora(settings, backbone)
+    if settings.target_modules is None:
+        raise RewardModelFormatError("LoRA settings name no target_modules; pass the backbone to resolve its defaults.")
+    targets = list(settings.target_modules)
     return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                      target_modules=list(settings.target_modules), bias="none")
+                      target_modules=targets, bias="none",
+                      fan_in_fan_out=backbone is not None and uses_conv1d(backbone, targets))
 
 
 def _apply_lora(backbone: nn.Module, config: RewardModelConfig, state: dict) -> nn.Module:
@@ -292,7 +309,7 @@ def _apply_lora(backbone: nn.Module, config: RewardModelConfig, state: dict) -> 
 
     with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x
         warnings.simplefilter("ignore", FutureWarning)
-        peft_model = get_peft_model(backbone, lora_config(config.lora or LoraSettings()))
+        peft_model = get_peft_model(backbone, lora_config(config.lora or LoraSettings(), backbone))
     result = set_peft_model_state_dict(peft_model, state)
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     missing_lora = [k for k in getattr(result, "missing_keys", []) or [] if "lora_" in k]

@@ -16,10 +16,12 @@ Graph signature (``L`` layers, ``H`` KV heads, ``d`` head dim; dynamic axes in q
     attention_mask   float32 ["batch", 1, "new", "total"]   additive: 0 allowed, float32 min blocked
     past_key_i       float32 ["batch", H, "past", d]        i = 0..L-1 (and past_value_i); "past" may be 0
     ->
-    rewards          float32 ["batch", "new"]                sigmoid(head(h)) at every new position
+    rewards          float32 ["batch", "new"]                f(head(h)) at every new position
     present_key_i    float32 ["batch", H, "total", d]        past ++ new (and present_value_i)
 
-``total = past + new``. Prefill is the same graph with a zero-length past.
+``total = past + new``. Prefill is the same graph with a zero-length past. ``f`` is the reward config's
+output function (``sigmoid``, or ``clamp`` to [0, 1] for the paper's models), computed inside the graph and
+named in the manifest (``output_function``, and in ``reward_config``).
 
 The *reward hash* identifies the source: for a reward-model directory, the SHA-256 over the sorted
 ``(file name, file SHA-256)`` pairs of its ``reward_config.json`` and ``*.safetensors`` files (the config
@@ -235,6 +237,7 @@ def export_onnx(model: RewardModel, out_dir: str | os.PathLike, *, source_hash: 
             "dtype": "float32",
             "inputs": names_in,
             "outputs": names_out,
+            "output_function": model.config.output_function,
             "num_layers": L,
             "num_kv_heads": heads,
             "head_dim": head_dim,

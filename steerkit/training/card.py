@@ -71,7 +71,7 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
     training = metrics.get("training", {})
     hw = training.get("hardware", {})
     lora = config.lora
-    method = {"lora": f"LoRA (r={lora.r}, alpha={lora.alpha}, on {', '.join(lora.target_modules)}) + scalar head",
+    method = {"lora": f"LoRA (r={lora.r}, alpha={lora.alpha}, on {', '.join(lora.target_modules or ['the attention projections'])}) + scalar head",
               "head": "scalar head over a frozen backbone",
               "full": "full fine-tune of the kept layers + scalar head"}[config.method]
     out = [

@@ -39,8 +39,8 @@ from typing import Callable
 import torch
 
 from ..threads import set_threads
-from ..errors import CheckpointError, ConfigError, OutputExistsError
-from ..rewards.model import CONFIG_NAME, RewardModel, lora_config
+from ..errors import CheckpointError, ConfigError, OutputExistsError, RewardModelFormatError
+from ..rewards.model import CONFIG_NAME, RewardModel, lora_config, resolve_lora
 from .checkpoint import (LATEST_NAME, STATE_NAME, clean_interrupted_writes, has_checkpoints, load_checkpoint,
                          optimizer_from_tensors, remove_checkpoints, save_checkpoint)
 from .config import TrainConfig
@@ -71,9 +71,14 @@ def build_model(config: TrainConfig) -> RewardModel:
     torch.manual_seed(config.seed)
     model = RewardModel.from_backbone(config.backbone, config.num_layers, name=config.name,
                                       attribute=config.attribute, max_length=config.max_length)
+    lora = None
+    if config.method == "lora":  # default targets resolved from the backbone's family and saved explicitly
+        try:
+            lora = resolve_lora(config.lora, model.backbone)
+        except RewardModelFormatError as exc:
+            raise ConfigError(str(exc)) from None
     model.config = model.config.model_copy(update={
-        "method": config.method, "lora": config.lora if config.method == "lora" else None,
-        "tokenizer": config.backbone})  # stated explicitly in the saved config
+        "method": config.method, "lora": lora, "tokenizer": config.backbone})  # stated explicitly in the saved config
     if config.method in {"head", "lora"}:
         model.backbone.requires_grad_(False)
     if config.method == "lora":
@@ -84,9 +89,9 @@ def build_model(config: TrainConfig) -> RewardModel:
         try:
             with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x (harmless)
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-                model.backbone = get_peft_model(model.backbone, lora_config(config.lora))
+                model.backbone = get_peft_model(model.backbone, lora_config(lora, model.backbone))
         except ValueError as exc:
-            raise ConfigError(f"lora.target_modules {config.lora.target_modules} do not fit backbone "
+            raise ConfigError(f"lora.target_modules {lora.target_modules} do not fit backbone "
                               f"{config.backbone!r}: {exc}") from None
     model.head.requires_grad_(True)
     return model
@@ -448,7 +453,7 @@ def _write_output(model: RewardModel, config: TrainConfig, metrics: dict, *, ove
     try:
         model.eval()
         model.save_pretrained(tmp, metrics=metrics)
-        card = render_card(config, metrics)
+        card = render_card(config.model_copy(update={"lora": model.config.lora or config.lora}), metrics)  # resolved targets
         atomic_write_text(tmp / "README.md", card)
         atomic_write_text(tmp / "training_config.json", json.dumps(_portable_config(config), indent=2))
         os.chmod(tmp, 0o755)  # mkdtemp/mkstemp create owner-only entries; a model directory is meant to be shared
