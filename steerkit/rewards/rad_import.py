@@ -80,8 +80,8 @@ def read_state_dict(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
     return state
 
 
-def split_checkpoint(state: dict[str, torch.Tensor], base_prefix: str) -> tuple[dict, torch.Tensor, torch.Tensor | None, str]:
-    """(backbone tensors named as in the base model, head weight [n, d], head bias [n] or None, key prefix)."""
+def find_head(state: dict[str, torch.Tensor]) -> tuple[str, str]:
+    """(key prefix, head name) of the checkpoint's one head: ``model.`` + ``lm_head`` for RAD's own files."""
     heads = [(k[: -len(f"{h}.weight")], h) for k in state for h in HEAD_NAMES
              if k == f"{h}.weight" or k.endswith(f".{h}.weight")]
     if len(heads) != 1:
@@ -89,7 +89,12 @@ def split_checkpoint(state: dict[str, torch.Tensor], base_prefix: str) -> tuple[
             "A RAD reward model has exactly one head, `lm_head.weight` (or `score.weight`), optionally under a "
             f"prefix such as `model.`; this checkpoint has {len(heads)} ({', '.join(p + h for p, h in heads) or 'none'}). "
             f"First keys: {', '.join(list(state)[:5])}.")
-    prefix, head_name = heads[0]
+    return heads[0]
+
+
+def split_checkpoint(state: dict[str, torch.Tensor], base_prefix: str) -> tuple[dict, torch.Tensor, torch.Tensor | None, str]:
+    """(backbone tensors named as in the base model, head weight [n, d], head bias [n] or None, key prefix)."""
+    prefix, head_name = find_head(state)
     weight, bias = state[f"{prefix}{head_name}.weight"], state.get(f"{prefix}{head_name}.bias")
     body = f"{prefix}{base_prefix}."
     backbone = {k[len(body):]: v for k, v in state.items() if k.startswith(body)}
@@ -120,6 +125,7 @@ def import_rad_checkpoint(checkpoint: str | os.PathLike, backbone: str, out: str
     out = Path(out).expanduser()
     _check_out(out, overwrite)
     state = read_state_dict(checkpoint)
+    find_head(state)  # a file that is no reward model fails before the backbone is loaded
     lm, tokenizer, source = load_causal_lm(_backbone_reference(backbone))
     base = lm.base_model
     body, weight, bias, prefix = split_checkpoint(state, lm.base_model_prefix)
