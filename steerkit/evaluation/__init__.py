@@ -4,7 +4,7 @@
     cfg = EvalConfig(task="toxicity", prompts=[{"path": "prompts.jsonl", "limit": 100}])
     result = EvalRunner(cfg).run()          # generations.jsonl, scores.jsonl, metrics.json, report.md, plots/
 
-The CLI is ``steerkit eval toxicity|sentiment`` (:mod:`steerkit.evaluation.cli`).
+The CLI is ``steerkit eval toxicity|sentiment`` (:mod:`steerkit.cli.evaluate`).
 """
 
 from .config import EvalConfig, PromptSet, Setting

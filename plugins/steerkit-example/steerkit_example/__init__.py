@@ -99,3 +99,12 @@ def register_reward_models(register):
 @hookimpl
 def register_scorers(register):
     register("positive-words", LexiconScorer, description="sentiment: positive-word lexicon (example plugin)")
+
+
+@hookimpl
+def register_commands(cli):
+    @cli.command("positive-words")
+    def positive_words_command(texts: list[str]):
+        """Count the example lexicon's positive words in each text, and print ρ."""
+        for text in texts:
+            print(f"{lexicon_reward(text):.4f}\t{count_words(text)}\t{text}")

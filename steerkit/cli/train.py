@@ -1,4 +1,4 @@
-"""``steerkit train``: registers itself on :data:`steerkit.cli.app` when imported."""
+"""``steerkit train``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from ..cli import app, err
+from .common import err
 from ..errors import ConfigError
 
 
@@ -34,7 +34,6 @@ def _source(path: str, text: str, label: Optional[str], label_value: Optional[fl
     return source
 
 
-@app.command()
 def train(
     config: Optional[Path] = typer.Argument(None, help="TrainConfig YAML/TOML/JSON file (flags override it)."),
     data: List[str] = typer.Option([], "--data", "-d", help="Data file (CSV, TSV, JSONL, .txt), repeatable; "
@@ -74,8 +73,8 @@ def train(
     as_json: bool = typer.Option(False, "--json", help="Print the final metrics as JSON."),
 ):
     """Train a cached (unidirectional) reward model from labelled text."""
-    from .config import TrainConfig
-    from .trainer import train as run_training
+    from ..training.config import TrainConfig
+    from ..training.trainer import train as run_training
 
     transform = {}
     if rescale:
@@ -123,3 +122,7 @@ def train(
             err.print(f"{section} {set_name}: n={m['n']} mse={m['mse']:.4f} auroc={auroc} acc={m['accuracy']:.3f} "
                       f"acc@50%={m.get('accuracy_at_50pct', float('nan')):.3f}")
     typer.echo(str(result.output_dir))
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(train)

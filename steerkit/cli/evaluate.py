@@ -1,4 +1,4 @@
-"""``steerkit eval toxicity|sentiment|report|scorers`` (registered on :data:`steerkit.cli.app` on import)."""
+"""``steerkit eval toxicity|sentiment|report|scorers`` ."""
 
 from __future__ import annotations
 
@@ -8,14 +8,13 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
-from ..cli import app, err
+from .common import err
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .config import EvalConfig
+    from ..evaluation.config import EvalConfig
 
 eval_app = typer.Typer(no_args_is_help=True, help="Reproduce the paper's experiments: generate, score, report.")
-app.add_typer(eval_app, name="eval")
 
 
 def parse_prompt_set(spec: str, field: str | None, limit: int | None, offset: int | None) -> dict:
@@ -31,7 +30,7 @@ def parse_prompt_set(spec: str, field: str | None, limit: int | None, offset: in
 
 
 def build_config(task: str, config: Path | None, **flags) -> "EvalConfig":
-    from .config import EvalConfig
+    from ..evaluation.config import EvalConfig
 
     base = EvalConfig.from_file(config) if config else EvalConfig(task=task)
     if config and base.task != task:
@@ -82,7 +81,7 @@ def _command(task: str):
         device: Optional[str] = typer.Option(None, "--device", help="torch device for the models: cpu (default), cuda, cuda:1, mps."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
     ):
-        from .runner import STAGES, EvalRunner
+        from ..evaluation.runner import STAGES, EvalRunner
 
         flags = {"prompts": prompts, "field": field, "limit": limit, "offset": offset, "lm": lm, "reward": reward,
                  "direction": direction, "betas": list(beta), "ks": list(k), "num_continuations": n,
@@ -131,8 +130,8 @@ eval_app.command("sentiment")(_command("sentiment"))
 def report(run_dir: Path = typer.Argument(..., help="A run directory written by steerkit eval."),
            no_plots: bool = typer.Option(False, "--no-plots")):
     """Rebuild metrics.json, report.md and plots from a run directory's files (no generation)."""
-    from .config import EvalConfig
-    from .runner import EvalRunner
+    from ..evaluation.config import EvalConfig
+    from ..evaluation.runner import EvalRunner
 
     path = run_dir / "config.json"
     if not path.is_file():
@@ -148,7 +147,7 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory written by 
 @eval_app.command("scorers")
 def scorers(as_json: bool = typer.Option(False, "--json")):
     """List the registered evaluation scorers."""
-    from .scorers import ensure_builtin_scorers
+    from ..evaluation.scorers import ensure_builtin_scorers
 
     entries = sorted(ensure_builtin_scorers().entries["scorer"].values(), key=lambda r: r.name)
     if as_json:
@@ -179,3 +178,7 @@ def _summary(result: dict) -> None:
                       f"{r['dist2']:.2f}" if r.get("dist2") is not None else "–",
                       f"{r['tokens_per_second']:.1f}" if r.get("tokens_per_second") else "–", *cells)
     Console(stderr=True).print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(eval_app, name="eval")

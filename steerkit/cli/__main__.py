@@ -1,0 +1,5 @@
+"""``python -m steerkit.cli``: the same as the ``steerkit`` command."""
+
+from .main import main
+
+main()

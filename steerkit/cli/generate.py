@@ -1,0 +1,103 @@
+"""``steerkit generate``: steered continuations of prompts given as arguments, a file, or a config."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .. import threads as _threads
+from ..config import SteeringConfig
+from ..errors import DataError, InvalidArgumentError
+from .common import err, parse_reward_weight
+
+# Defaults shown in --help (SteeringConfig's); the options default to None so that a --config file can set them.
+_DEFAULTS = {name: field.default for name, field in SteeringConfig.model_fields.items()}
+_DEFAULTS["n"] = _DEFAULTS["num_return_sequences"]
+
+
+def generate(
+    prompts: List[str] = typer.Argument(None, help="Prompt texts (or use --prompts-file / --config)."),
+    lm: Optional[str] = typer.Option(None, "--lm", help="LM reference: packaged name, directory, .gguf, hub id. "
+                                     f"\\[default: {_DEFAULTS['lm']}]"),
+    reward: List[str] = typer.Option([], "--reward", "-r", help="REF=BETA, repeatable (β<0 steers away). "
+                                     "\\[default: none: unsteered]"),
+    k: Optional[int] = typer.Option(None, "--k", "-k", help=f"Top-k candidates reweighted per step. \\[default: {_DEFAULTS['k']}]"),
+    n: Optional[int] = typer.Option(None, "-n", "--num-return-sequences",
+                                    help=f"Continuations per prompt. \\[default: {_DEFAULTS['n']}]"),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", "-t",
+                                                 help=f"Tokens to generate at most. \\[default: {_DEFAULTS['max_new_tokens']}]"),
+    temperature: Optional[float] = typer.Option(None, "--temperature",
+                                                help=f"Sampling temperature (> 0). \\[default: {_DEFAULTS['temperature']}]"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Random seed for reproducible samples. \\[default: none]"),
+    greedy: bool = typer.Option(False, "--greedy", help="Argmax instead of sampling."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap prompts in the LM's chat template."),
+    stop: List[str] = typer.Option([], "--stop", help="Stop string, repeatable."),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch or onnx. \\[default: torch]"),
+    device: Optional[str] = typer.Option(None, "--device", help="torch device: cpu, cuda, cuda:1, mps. \\[default: cpu]"),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="SteeringConfig YAML/TOML/JSON file."),
+    prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="UTF-8 text file, one prompt per line."),
+    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Rows decoded together (progress per batch)."),
+    traces: bool = typer.Option(False, "--traces", help="Include per-step traces in --json output."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output (see docs/cli.md)."),
+):
+    """Generate steered continuations."""
+    cfg = SteeringConfig.from_file(config) if config else SteeringConfig()
+    overrides = {"lm": lm, "k": k, "num_return_sequences": n, "max_new_tokens": max_new_tokens,
+                 "temperature": temperature, "seed": seed, "backend": backend, "device": device}
+    cfg = cfg.with_overrides({key: v for key, v in overrides.items() if v is not None})
+    if greedy:
+        cfg = cfg.with_overrides({"do_sample": False})
+    if chat:
+        cfg = cfg.with_overrides({"chat_template": True})
+    if reward:
+        cfg = cfg.with_rewards([parse_reward_weight(s) for s in reward])
+    texts = list(prompts or [])
+    if prompts_file:
+        texts += read_prompts_file(prompts_file)
+    texts = texts or list(cfg.prompts)
+    if not texts:
+        raise InvalidArgumentError("No prompts: pass prompt texts as arguments, --prompts-file FILE, or `prompts:` "
+                                   "in a --config file.")
+    out = cfg.generate(texts, stop_strings=stop or None, return_traces=traces, batch_size=batch_size,
+                       progress=not as_json)
+    if as_json:
+        payload = {"lm": cfg.lm, "k": cfg.k, "rewards": [r.model_dump() for r in cfg.rewards],
+                   "seconds": out.seconds, "tokens_per_second": out.tokens_per_second,
+                   "generations": out.to_records()}
+        if traces and out.traces:
+            payload["traces"] = [[s.to_dict() for s in chunk] for chunk in out.traces]
+        typer.echo(json.dumps(payload, ensure_ascii=False))
+        return
+    for record in out.to_records():
+        typer.echo(f"\033[2m{record['prompt']}\033[0m{record['text']}" if sys.stdout.isatty()
+                   else f"{record['prompt']}{record['text']}")
+        typer.echo("---")
+    err.print(f"{sum(out.num_new_tokens)} tokens in {out.seconds:.1f} s ({out.tokens_per_second:.1f} tok/s, "
+              f"{_threads.describe()}; --threads to change)")
+
+
+def read_prompts_file(path: Path) -> list[str]:
+    """Non-empty lines of a UTF-8 text file, with a DataError naming the file when it cannot be used."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"--prompts-file {path} does not exist.") from None
+    except IsADirectoryError:
+        raise DataError(f"--prompts-file {path} is a directory; pass a text file with one prompt per line.") from None
+    except OSError as exc:
+        raise DataError(f"--prompts-file {path} could not be read: {exc.strerror or exc}.") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise DataError(f"--prompts-file {path} is not UTF-8 text (line {line}, byte {exc.start}); "
+                        "convert it, e.g. `iconv -f latin1 -t utf-8`.") from None
+    return [line.rstrip("\r") for line in text.split("\n") if line.strip()]
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(generate)
