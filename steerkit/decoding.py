@@ -89,7 +89,52 @@ def eos_ids(model, tokenizer, eos_token_id=None) -> list[int]:
 
 
 class RewardAugmentedGenerator:
-    """RAD over a loaded causal LM and any number of steering terms sharing one top-k candidate set."""
+    r"""RAD over a loaded causal LM and any number of steering terms sharing one top-k candidate set.
+
+    Each step takes the LM's `k` largest logits `z` per row, scores those k candidates with every term's
+    reward (one forward over the shared prefix cache per reward, never a copy per candidate), and samples
+    from `softmax((z + Σ β·ρ) / temperature)` (or takes its argmax).
+
+    Args:
+        model ([`PreTrainedModel`]):
+            Any causal LM (`AutoModelForCausalLM`); it is put in eval mode.
+        tokenizer ([`PreTrainedTokenizerBase`]):
+            Its tokenizer, with left padding (see `steerkit.models.prepare_tokenizer`).
+        terms (`Sequence[SteeringTerm]`, *optional*):
+            Rewards with their signed weights β (β < 0 steers away); none decodes plain top-k.
+        k (`int`, *optional*, defaults to 20):
+            Candidates per step, in `[1, vocab_size]`.
+
+    `generate(prompts, ...)` takes `transformers`' names (`max_new_tokens`, `do_sample`, `temperature`,
+    `num_return_sequences`, `eos_token_id`, `stop_strings`) plus `seed`, `chat_template`, `return_traces`,
+    `batch_size` and `progress`, and returns a [`GenerationOutput`]: `texts` (one per row, rows = prompts ×
+    `num_return_sequences`), `sequences` of shape `(rows, new_tokens)`, and with `return_traces=True` one
+    [`StepTrace`] per step whose `rewards[name]` and `scores` have shape `(rows, k)`.
+
+    Examples:
+
+    ```python
+    >>> import torch
+    >>> from steerkit import RewardAugmentedGenerator, SteeringTerm
+    >>> from steerkit.rewards.scorer import RewardModelScorer
+    >>> from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward
+    >>> tokenizer = make_tokenizer()
+    >>> reward = RewardModelScorer(tiny_reward(tokenizer))
+    >>> generator = RewardAugmentedGenerator(tiny_lm(tokenizer), tokenizer, [SteeringTerm(reward, 10.0)], k=5)
+    >>> out = generator.generate(["The movie was", "You are"], max_new_tokens=4, num_return_sequences=2,
+    ...                          seed=0, return_traces=True)
+    >>> len(out.texts), out.sequences.shape[0]
+    (4, 4)
+    >>> step = out.traces[0][0]  # first batch, first step
+    >>> step.rewards["tiny"].shape, step.scores.shape
+    (torch.Size([4, 5]), torch.Size([4, 5]))
+    >>> bool(((step.rewards["tiny"] >= 0) & (step.rewards["tiny"] <= 1)).all())
+    True
+    >>> bool(torch.allclose(step.scores, step.topk_logits + 10.0 * step.rewards["tiny"]))
+    True
+
+    ```
+    """
 
     def __init__(self, model, tokenizer, terms: Sequence[SteeringTerm] = (), *, k: int = 20):
         self.model = model.eval()

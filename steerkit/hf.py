@@ -25,6 +25,54 @@ from .steering import SteeringTerm, check_terms, reweight, validate_k, warn_if_s
 
 
 class RewardAugmentedLogitsProcessor(LogitsProcessor):
+    r"""RAD as a transformers [`LogitsProcessor`]: keeps the top-k logits and adds Σ β·ρ of every reward.
+
+    At each call the `k` largest logits of every row are reweighted with the rewards of those k candidate
+    tokens, scored by each term's reward over a cache of the row's text so far; every other token gets
+    `-inf`. The processor's state is keyed by the prefix, so one instance serves any number of
+    `model.generate` calls.
+
+    Args:
+        tokenizer ([`PreTrainedTokenizerBase`]):
+            The LM's tokenizer: it decodes prompts for the rewards, and its vocabulary bounds `k`.
+        terms (`Sequence[SteeringTerm]`):
+            The rewards and their signed weights β; term names must be distinct.
+        k (`int`, *optional*, defaults to 20):
+            Candidates reweighted per step, in `[1, len(tokenizer)]`.
+
+    Call args:
+        input_ids (`torch.LongTensor` of shape `(batch_size, sequence_length)`): the ids so far.
+        scores (`torch.FloatTensor` of shape `(batch_size, vocab_size)`): the LM's next-token logits.
+
+    Returns:
+        `torch.FloatTensor` of shape `(batch_size, vocab_size)`: the reweighted top-k scores minus each row's
+        maximum (a shift that changes no probability), `-inf` elsewhere. The last step's [`StepResult`] (top-k
+        ids, logits, rewards `[batch_size, k]` per term) is kept in `last_step`.
+
+    Examples:
+
+    ```python
+    >>> import torch
+    >>> from steerkit import RewardAugmentedLogitsProcessor, SteeringTerm
+    >>> from steerkit.rewards.scorer import RewardModelScorer
+    >>> from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward
+    >>> tokenizer = make_tokenizer()
+    >>> model, reward = tiny_lm(tokenizer), RewardModelScorer(tiny_reward(tokenizer))
+    >>> rad = RewardAugmentedLogitsProcessor(tokenizer, [SteeringTerm(reward, -5.0)], k=4)
+    >>> enc = tokenizer(["The movie was"], return_tensors="pt")
+    >>> _ = torch.manual_seed(0)
+    >>> ids = model.generate(**enc, logits_processor=[rad], do_sample=True, top_k=0, max_new_tokens=3,
+    ...                      pad_token_id=tokenizer.pad_token_id)
+    >>> ids.shape[1] - enc["input_ids"].shape[1]
+    3
+    >>> rad.last_step.rewards["tiny"].shape  # rewards of the k candidates of the last step
+    torch.Size([1, 4])
+    >>> bool(torch.isin(ids[0, -1], rad.last_step.topk_ids[0]))  # the chosen token is one of the top k
+    True
+
+    ```
+    """
+
     def __init__(self, tokenizer, terms: Sequence[SteeringTerm], k: int = 20):
         self.tokenizer = tokenizer
         self.terms = check_terms(list(terms))

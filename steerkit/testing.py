@@ -1,0 +1,75 @@
+"""Tiny randomly initialised models and tokenizers, built in code (no downloads, about a second).
+
+For tests of plugins and apps, and for the examples in steerkit's docstrings::
+
+    from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward
+    tok = make_tokenizer()
+    lm, rm = tiny_lm(tok), tiny_reward(tok)
+
+The models are random: what they generate and score is meaningless, but every code path is the real one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Café déjà vu: naïve résumé with 12 apples and 3.5 pears 🙂 🚀",
+    "You are a wonderful friend, I love this movie so much!",
+    "This is terrible, awful and stupid; I hate it.",
+    "Numbers 0123456789 and symbols #$%&*() appear here.",
+    "  leading spaces, tabs\tand new\nlines matter too.",
+] * 20
+
+
+def make_tokenizer(vocab_size: int = 300, kind: str = "bpe") -> PreTrainedTokenizerFast:
+    """A byte-level BPE ("bpe") or a Metaspace unigram-ish BPE ("metaspace") tokenizer trained on CORPUS."""
+    special = ["<pad>", "<s>", "</s>"]
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    else:
+        tok = Tokenizer(models.BPE(unk_token=None, byte_fallback=True))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace()])
+        byte_tokens = [f"<0x{i:02X}>" for i in range(256)]
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size + 256, special_tokens=special + byte_tokens)
+    tok.train_from_iterator(CORPUS, trainer)
+    if kind != "bpe":  # byte tokens are vocabulary (as in Llama/Gemma), not special: decode(skip_special_tokens) keeps them
+        data = json.loads(tok.to_str())
+        for added in data["added_tokens"]:
+            added["special"] = added["content"] in special
+        tok = Tokenizer.from_str(json.dumps(data))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    fast.padding_side = "left"
+    return fast
+
+
+def tiny_lm(tokenizer, seed: int = 0, layers: int = 2, hidden: int = 32) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def tiny_reward(tokenizer, seed: int = 1, layers: int = 2, name: str = "tiny", **kw):
+    from .rewards.model import RewardModel
+
+    lm = tiny_lm(tokenizer, seed=seed, layers=layers)
+    rm = RewardModel.from_causal_lm(lm, tokenizer, name=name, **kw)
+    torch.manual_seed(seed + 100)
+    torch.nn.init.normal_(rm.head.weight, std=0.5)  # spread rewards so that steering is visible
+    return rm
