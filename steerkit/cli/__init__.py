@@ -1,6 +1,7 @@
 """The ``steerkit`` command line (typer), one module per command group.
 
-``generate``, ``score``, ``setup`` (and ``demo``), ``train``, ``plugins``, ``export``, ``evaluate`` (``eval``)
+``generate``, ``score``, ``setup`` (and ``demo``), ``train``, ``plugins``, ``export``, ``evaluate`` (``eval``),
+``import_cmd`` (``import``)
 each expose ``register(app)``; :mod:`steerkit.cli.app` builds the app from them and adds the commands that
 plugins register through the ``register_commands`` hook; :mod:`steerkit.cli.main` is the console script,
 which prints every user error as one line and exits 2.

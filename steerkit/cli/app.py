@@ -15,9 +15,7 @@ import typer
 
 from .. import threads as _threads
 
-COMMAND_MODULES = ("generate", "score", "setup", "train", "plugins", "export", "evaluate")
-#: Modules whose command needs an optional extra; missing, the command is left out rather than breaking the CLI.
-OPTIONAL_COMMAND_MODULES = ("import_cmd",)
+COMMAND_MODULES = ("generate", "score", "setup", "train", "plugins", "export", "evaluate", "import_cmd")
 
 
 def _root(threads: Optional[int] = typer.Option(None, "--threads", help=_threads.HELP, show_default=False)):
@@ -32,14 +30,6 @@ def build_app(*, plugins: bool = False) -> typer.Typer:
     app.callback()(_root)
     for name in COMMAND_MODULES:
         importlib.import_module(f"{__package__}.{name}").register(app)
-    for name in OPTIONAL_COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"{__package__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith("steerkit"):
-                continue  # not part of this version
-            raise
-        module.register(app)
     if plugins:
         add_plugin_commands(app)
     return app
