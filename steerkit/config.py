@@ -9,13 +9,24 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .devices import DeviceName
 from .errors import ConfigError
 from .models import DEFAULT_LM
+
+
+def check_backend_name(name: str) -> str:
+    """A registered reward backend (``torch``, ``onnx`` or a plugin's); the error lists the registered ones."""
+    from .rewards.backends import check_backend
+
+    return check_backend(name)
+
+
+BackendName = Annotated[str, AfterValidator(check_backend_name)]
+"""A config field naming a reward backend, validated against the table of registered backends."""
 
 
 class ValidatedConfig(BaseModel):
@@ -62,12 +73,9 @@ class RewardSpec(BaseModel):
         return self
 
     def to_term(self, backend: str = "torch"):
-        from .rewards.loading import load_reward
-        from .steering import BetaSchedule, SteeringTerm, make_transform
+        from .terms import term_from_spec
 
-        reward = load_reward(self.name, backend=backend, context=self.context)
-        schedule = BetaSchedule(self.beta, self.schedule, self.beta_start, self.ramp_steps)
-        return SteeringTerm(reward, schedule, make_transform(self.transform, self.clamp), name=self.label or self.name)
+        return term_from_spec(self, backend=backend)
 
 
 class SteeringConfig(ValidatedConfig):
@@ -82,7 +90,7 @@ class SteeringConfig(ValidatedConfig):
     num_return_sequences: int = Field(default=1, ge=1)
     seed: int | None = None
     chat_template: bool = False
-    backend: Literal["torch", "onnx"] = "torch"
+    backend: BackendName = "torch"
     device: DeviceName = None  # torch device for the LM and torch reward models: cpu (default), cuda, cuda:1, mps
     prompts: list[str] = []
 
@@ -105,7 +113,9 @@ class SteeringConfig(ValidatedConfig):
         return self.with_overrides({"rewards": rewards})
 
     def build_terms(self):
-        return [spec.to_term(self.backend) for spec in self.rewards]
+        from .terms import terms_from_specs
+
+        return terms_from_specs(self.rewards, backend=self.backend)
 
     def generate(self, prompts: list[str], **kwargs):
         from .decoding import RewardAugmentedGenerator

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import torch
 from transformers import DynamicCache
@@ -13,9 +13,10 @@ from transformers import DynamicCache
 from .errors import InvalidArgumentError, PromptTooLongError
 from .models import context_length
 from .steering import (
-    BetaSchedule, SteeringTerm, check_terms, check_unicode, reweight, validate_beta, validate_int, validate_k,
-    validate_seed, validate_stop_strings, validate_temperature, warn_if_slow,
+    SteeringTerm, check_terms, check_unicode, reweight, validate_int, validate_k, validate_seed, validate_stop_strings,
+    validate_temperature, warn_if_slow,
 )
+from .terms import build_terms
 
 
 @dataclass
@@ -311,51 +312,6 @@ class _Progress:
     def __exit__(self, *exc) -> None:
         if self._progress is not None:
             self._progress.stop()
-
-
-def build_terms(rewards: Mapping | Sequence | None, *, backend: str = "torch") -> list[SteeringTerm]:
-    """Normalise ``{"toxicity": -10, "path/to/rm": 5}`` / ``[SteeringTerm, ...]`` / ``[(reward, beta)]``."""
-    from .rewards.loading import load_reward
-
-    forms = ("rewards must be a mapping of reward references to beta ({'toxicity': -10, 'path/to/rm': 5}), or a "
-             "list of SteeringTerm objects or (reference, beta) pairs ([('toxicity', -10)])")
-    if rewards is None:
-        return []
-    if isinstance(rewards, Mapping):
-        items = list(rewards.items())
-    elif isinstance(rewards, (str, bytes)) or not isinstance(rewards, Sequence):
-        raise InvalidArgumentError(f"{forms}; got {type(rewards).__name__} {rewards!r}.")
-    else:
-        items = list(rewards)
-    parsed = []
-    for i, item in enumerate(items):
-        if isinstance(item, SteeringTerm):
-            parsed.append(item)
-            continue
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise InvalidArgumentError(f"{forms}; item {i} is {item!r}.")
-        ref, beta = item
-        if not isinstance(ref, str) and not callable(getattr(ref, "start", None)):
-            raise InvalidArgumentError(f"Reward {i} ({ref!r}) is neither a reward reference (a registered name or a "
-                                       "reward-model directory) nor a Reward object with a start() method.")
-        if isinstance(ref, str) and not ref:
-            raise InvalidArgumentError(f"Reward {i} has an empty reference; name a registered reward or a directory.")
-        if isinstance(ref, str):
-            check_unicode(ref, f"Reward reference {i}")
-        parsed.append((ref, beta))
-    for item in parsed:  # every beta is checked before any reward model is loaded
-        if not isinstance(item, SteeringTerm) and not isinstance(item[1], BetaSchedule):
-            label = item[0] if isinstance(item[0], str) else getattr(item[0], "name", "?")
-            validate_beta(item[1], f"beta for reward {label!r}")
-    terms = []
-    for item in parsed:
-        if isinstance(item, SteeringTerm):
-            terms.append(item)
-            continue
-        ref, beta = item
-        reward = load_reward(ref, backend=backend) if isinstance(ref, str) else ref
-        terms.append(SteeringTerm(reward, beta, name=ref if isinstance(ref, str) else ""))
-    return terms
 
 
 def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", rewards=None, k: int = 20,

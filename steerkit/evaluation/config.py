@@ -31,7 +31,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..config import RewardSpec, ValidatedConfig, load_config_file
+from ..config import BackendName, RewardSpec, ValidatedConfig, load_config_file
 from ..devices import DeviceName
 from ..errors import ConfigError
 from ..models import DEFAULT_EVAL_LM, DEFAULT_LM
@@ -104,7 +104,7 @@ class EvalConfig(ValidatedConfig):
     temperature: float = Field(default=1.0, gt=0)
     seed: int = 0
     batch_size: int | None = Field(default=None, ge=1)
-    backend: Literal["torch", "onnx"] = "torch"
+    backend: BackendName = "torch"
     scorers: list[str | dict] = []
     fluency: bool = True
     eval_lm: str = DEFAULT_EVAL_LM

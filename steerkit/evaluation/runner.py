@@ -145,14 +145,11 @@ class EvalRunner:
         return self._rewards[key]
 
     def terms(self, setting: Setting):
-        from ..steering import BetaSchedule, SteeringTerm, make_transform
+        """The setting's steering terms, built like a steering config's (labels included) on this run's rewards."""
+        from ..terms import terms_from_specs
 
-        terms = []
-        for spec in setting.rewards:
-            schedule = BetaSchedule(spec.beta, spec.schedule, spec.beta_start, spec.ramp_steps)
-            terms.append(SteeringTerm(self.reward(spec.name, spec.context), schedule,
-                                      make_transform(spec.transform, spec.clamp), name=spec.name))
-        return terms
+        return terms_from_specs(setting.rewards, backend=self.config.backend,
+                                load=lambda name, backend, context: self.reward(name, context))
 
     def generator(self, setting: Setting):
         from ..decoding import RewardAugmentedGenerator

@@ -1,41 +1,61 @@
-"""Turn a reward reference (registered name or reward-model directory) into a decoding-time reward."""
+"""The one seam where a reward reference becomes a decoding-time :class:`~steerkit.rewards.base.Reward`.
+
+A reference is a registered reward name (``toxicity``), a qualified one (``steerkit-toxicity:toxicity``), a
+reward-model directory, or a directory in a backend's own format (an ONNX export). The backend is looked up
+in the table of registered backends (:mod:`steerkit.rewards.backends`): it loads a directory's model and
+builds its scoring cache. ``generate``, config files, ``steerkit eval``, ``steerkit export``, the CLI and
+``RewardAugmentedLogitsProcessor`` users all come through :func:`load_reward`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import InvalidArgumentError
-from .model import CONFIG_NAME, RewardModel
+from ..errors import InvalidArgumentError, PluginError
+from ..registry import get_registry
+from .backends import DEFAULT_BACKEND, check_backend, get_backend
+from .base import Reward
+from .model import CONFIG_NAME
 from .scorer import RewardModelScorer
 
-BACKENDS = ("torch", "onnx")
 CONTEXTS = ("continuation", "full")
 
 
-def load_reward(reference: str, *, backend: str = "torch", context: str = "continuation"):
-    """A reward from a registered name (see ``steerkit plugins``) or a path to a reward-model directory."""
+def load_reward(reference: str, *, backend: str = DEFAULT_BACKEND, context: str = "continuation"):
+    """A reward from a registered name (see ``steerkit plugins``), ``PLUGIN:NAME``, or a path to a reward-model
+    directory (or an export the backend reads, such as an ONNX export for ``backend="onnx"``)."""
     if not isinstance(reference, str) or not reference.strip():
         raise InvalidArgumentError(f"A reward reference must be a registered name or a reward-model directory, "
                                    f"got {reference!r}.")
-    if backend not in BACKENDS:
-        raise InvalidArgumentError(f"Unknown reward backend {backend!r}; use one of: {', '.join(BACKENDS)}.")
+    check_backend(backend)
     if context not in CONTEXTS:
         raise InvalidArgumentError(f"Unknown reward context {context!r}; use one of: {', '.join(CONTEXTS)}.")
     path = Path(reference).expanduser()
     if path.is_dir() or (path.exists() and path.name == CONFIG_NAME) or "/" in reference or reference.startswith("."):
-        directory = path.parent if path.name == CONFIG_NAME else path
-        if backend == "onnx":  # an ONNX export dir, or a reward dir exported into the cache on first use
-            from .onnx_backend import OnnxRewardModel
-
-            model = OnnxRewardModel.load(directory)
-            return RewardModelScorer(model, name=model.config.name, backend=backend, context=context)
-        if (directory / "steerkit_onnx.json").is_file():
-            from ..errors import ExportError
-
-            raise ExportError(f"{directory} is an ONNX export: use backend 'onnx' (--backend onnx), or pass "
-                              "the reward-model directory it was exported from for backend 'torch'.")
-        model = RewardModel.from_pretrained(directory)
-        return RewardModelScorer(model, name=model.config.name, backend=backend, context=context)
-    from ..registry import get_reward
-
+        return load_directory(path.parent if path.name == CONFIG_NAME else path, backend=backend, context=context)
     return get_reward(reference, backend=backend, context=context)
+
+
+def load_directory(directory: Path, *, backend: str = DEFAULT_BACKEND, context: str = "continuation",
+                   name: str | None = None) -> RewardModelScorer:
+    """The reward of a reward-model directory (or a backend's export directory) run by ``backend``."""
+    model = get_backend(backend).load(Path(directory))
+    return RewardModelScorer(model, name=name or model.config.name, backend=backend, context=context)
+
+
+def get_reward(name: str, *, backend: str = DEFAULT_BACKEND, context: str = "continuation"):
+    """Build the registered reward ``name`` or ``PLUGIN:NAME`` (see ``HookSpecs.register_reward_models``).
+
+    Raises :class:`~steerkit.errors.PluginConflictError` if several plugins register ``name`` and none is picked.
+    """
+    check_backend(backend)
+    entry = get_registry().get("reward", name)
+    kwargs = entry.accepted({"backend": backend, "context": context})
+    if "backend" not in kwargs and backend != DEFAULT_BACKEND:
+        raise PluginError(f"Reward {name!r} (plugin {entry.plugin!r}) does not support the {backend!r} backend; "
+                          f"use --backend {DEFAULT_BACKEND}.")
+    reward = entry.build(kwargs)
+    if not isinstance(reward, Reward):
+        raise PluginError(f"The factory of reward {name!r} (plugin {entry.plugin!r}) returned "
+                          f"{type(reward).__name__}, which lacks `name` and `start(prefixes, lm_tokenizer)`.")
+    return reward

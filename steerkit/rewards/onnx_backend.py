@@ -3,8 +3,8 @@
 * :class:`OnnxRewardModel` stands in for :class:`~steerkit.rewards.model.RewardModel` wherever the scorer
   and the sessions need one (``config``, ``tokenizer``, ``encode``, ``score_texts``) but runs the verified
   export (see :mod:`.onnx_export`) in onnxruntime. Loading it needs neither torch weights nor the backbone.
-* :class:`OnnxScoringCache` implements :class:`~steerkit.rewards.base.ScoringCache` with the same hole and
-  rollback semantics as :class:`~steerkit.rewards.torch_cache.TorchScoringCache`. The k candidate blocks
+* :class:`OnnxScoringCache` is a :class:`~steerkit.rewards.cache.SharedPrefixCache`, like
+  :class:`~steerkit.rewards.torch_cache.TorchScoringCache`: the same hole and rollback bookkeeping. The k candidate blocks
   are one forward over the shared prefix; their KV comes back as ``present_*`` outputs and stays pending
   until :meth:`~OnnxScoringCache.commit_choice` keeps the chosen block's KV.
 
@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from ..errors import ExportError
-from .attention import additive, append_mask_4d, block_mask_4d
+from .attention import additive, append_mask_4d
+from .cache import SharedPrefixCache, pick_columns
 from .model import CONFIG_NAME, RewardModel
 from .onnx_export import (
     INSTALL_HINT, MODEL_FILE, ensure_cached_export, is_export_dir, model_content_hash, reward_dir_hash,
@@ -218,19 +219,19 @@ class OnnxRewardModel:
 _FROM_TORCH: "weakref.WeakKeyDictionary[RewardModel, OnnxRewardModel]" = weakref.WeakKeyDictionary()
 
 
-class OnnxScoringCache:
-    """Incremental KV state over B rows in onnxruntime (see :class:`~steerkit.rewards.base.ScoringCache`)."""
+class OnnxScoringCache(SharedPrefixCache):
+    """Incremental KV state over B rows in onnxruntime (bookkeeping: :class:`SharedPrefixCache`).
+
+    The KV is a list of torch tensors ``past`` (``past_key_i``, ``past_value_i`` interleaved). A forward
+    returns the extended KV as new ``present_*`` tensors, so the pending blocks' KV stays aside until a commit
+    keeps the chosen block's columns.
+    """
 
     def __init__(self, model: OnnxRewardModel, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         self.model = model
         self.runtime = model.runtime
-        self.device = self.runtime.device
-        B = input_ids.shape[0]
-        self.past = self.runtime.empty_past(B)
-        self.mask = torch.zeros((B, 0), dtype=torch.bool, device=self.device)
-        self.next_pos = torch.zeros(B, dtype=torch.long, device=self.device)
-        # (k, m, block_mask, present KV) of the last score_blocks call
-        self._pending: tuple[int, int, torch.Tensor, list[torch.Tensor]] | None = None
+        super().__init__(input_ids.shape[0], self.runtime.device)
+        self.past = self.runtime.empty_past(input_ids.shape[0])
         self.append(input_ids, attention_mask)
 
     @classmethod
@@ -249,64 +250,18 @@ class OnnxScoringCache:
             raise ExportError(f"backend 'onnx' needs a RewardModel or an OnnxRewardModel, got {type(model).__name__}.")
         return cls(model, input_ids, attention_mask)
 
-    @property
-    def length(self) -> int:
-        return self.mask.shape[1]
-
     def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor):
         return self.runtime.run(ids, position_ids, additive(allowed.cpu()).to(self.device), self.past)
 
-    def score_blocks(self, blocks: torch.Tensor, block_mask: torch.Tensor | None = None) -> torch.Tensor:
-        self._pending = None
-        device = blocks.device  # rewards go back where the candidates came from (the LM's device)
-        blocks = blocks.to(self.device)
-        B, k, m = blocks.shape
-        block_mask = (torch.ones_like(blocks, dtype=torch.bool) if block_mask is None
-                      else block_mask.to(self.device).bool())
-        offsets = (block_mask.long().cumsum(-1) - 1).clamp(min=0)
-        position_ids = (self.next_pos[:, None, None] + offsets).reshape(B, k * m)
-        allowed = block_mask_4d(self.mask.cpu(), block_mask.cpu())
-        rewards, presents = self._forward(blocks.reshape(B, k * m), position_ids, allowed)
-        self._pending = (k, m, block_mask, presents)
-        last = (block_mask.long().sum(-1) - 1).clamp(min=0)  # [B, k]
-        return rewards.reshape(B, k, m).gather(-1, last[..., None]).squeeze(-1).to(device)
+    def _store(self, kv: list[torch.Tensor]) -> None:
+        self.past = kv
 
-    def commit_choice(self, choice: torch.Tensor) -> None:
-        if self._pending is None:
-            raise RuntimeError("commit_choice() needs a preceding score_blocks() call")
-        k, m, block_mask, presents = self._pending
+    def _discard_blocks(self, kv, count: int) -> None:
+        pass  # the pending KV is a separate output; self.past never held it
+
+    def _keep_block(self, kv: list[torch.Tensor], index: torch.Tensor) -> None:
         T = self.length
-        choice = choice.to(self.device).long()
-        index = T + choice[:, None] * m + torch.arange(m, device=self.device)[None, :]  # [B, m]
-        kept = []
-        for t in presents:  # [B, H, T + k*m, d]
-            picked = t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
-            kept.append(torch.cat([t[:, :, :T], picked], dim=2))
-        self.past = kept
-        chosen = block_mask.gather(1, choice[:, None, None].expand(-1, 1, m)).squeeze(1)  # [B, m]
-        self.mask = torch.cat([self.mask, chosen], dim=1)
-        self.next_pos = self.next_pos + chosen.long().sum(-1)
-        self._pending = None
+        self.past = [torch.cat([t[:, :, :T], pick_columns(t, index)], dim=2) for t in kv]  # t: [B, H, T + k*m, d]
 
-    def append(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> None:
-        self._pending = None
-        tokens = tokens.to(self.device)
-        mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.to(self.device).bool()
-        if tokens.shape[1] == 0:
-            return
-        position_ids = self.next_pos[:, None] + (mask.long().cumsum(-1) - 1).clamp(min=0)
-        _, self.past = self._forward(tokens, position_ids, append_mask_4d(self.mask.cpu(), mask.cpu()))
-        self.mask = torch.cat([self.mask, mask], dim=1)
-        self.next_pos = self.next_pos + mask.long().sum(-1)
-
-    def rollback(self, counts: torch.Tensor) -> None:
-        self._pending = None
-        counts = counts.to(self.device).long()
-        real_after = self.mask.long().flip(-1).cumsum(-1).flip(-1)  # real tokens at or after each position
-        self.mask = self.mask & ~(real_after <= counts[:, None])
-        self.next_pos = self.next_pos - torch.minimum(counts, self.next_pos)
-        # physically drop trailing columns that are holes in every row
-        keep = int(self.mask.any(0).nonzero().max().item()) + 1 if self.mask.any() else 0
-        if keep < self.length:
-            self.past = [t[:, :, :keep] for t in self.past]
-            self.mask = self.mask[:, :keep]
+    def _truncate(self, keep: int) -> None:
+        self.past = [t[:, :, :keep] for t in self.past]

@@ -1,4 +1,5 @@
-"""A reward model as a decoding-time reward: picks the backend cache and the tokenizer strategy."""
+"""A reward model as a decoding-time reward: its backend's cache (from the backend table) and the tokenizer
+strategy (same vocabulary as the LM, or bridged)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Literal
 
 import torch
 
+from .backends import DEFAULT_BACKEND, check_backend, get_backend
 from .model import RewardModel
 from .sessions import SameTokenizerSession
 
@@ -22,30 +24,22 @@ def same_vocabulary(a, b) -> bool:
 class RewardModelScorer:
     """Scores candidates with a :class:`RewardModel` through a shared-prefix cache.
 
+    ``backend`` names a registered backend (:mod:`steerkit.rewards.backends`) that runs ``model``: what that
+    backend's ``load`` returned, or a torch :class:`RewardModel` (the ``onnx`` backend exports it on first use).
     ``context="continuation"`` scores only the generated text (what toxicity and sentiment evaluations
     score); ``"full"`` scores prompt + generated text.
     """
 
-    def __init__(self, model: RewardModel, name: str | None = None, *, backend: str = "torch",
+    def __init__(self, model: RewardModel, name: str | None = None, *, backend: str = DEFAULT_BACKEND,
                  context: Context = "continuation"):
         self.model = model
         self.name = name or model.config.name
-        self.backend = backend
+        self.backend = check_backend(backend)
         self.context = context
         self._vocab_match: dict[int, bool] = {}
 
     def new_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
-        if self.backend == "torch":
-            from .torch_cache import TorchScoringCache
-
-            return TorchScoringCache(self.model, input_ids, attention_mask)
-        if self.backend == "onnx":
-            from .onnx_backend import OnnxScoringCache
-
-            return OnnxScoringCache.for_model(self.model, input_ids, attention_mask)
-        from ..errors import InvalidArgumentError
-
-        raise InvalidArgumentError(f"Unknown reward backend {self.backend!r}; use 'torch' or 'onnx'.")
+        return get_backend(self.backend).new_cache(self.model, input_ids, attention_mask)
 
     def start(self, prefixes: list[str], lm_tokenizer):
         texts = prefixes if self.context == "full" else [""] * len(prefixes)

@@ -230,12 +230,13 @@ def test_cli_export_verify_and_score(reward_dir, tmp_path, steerkit_cache):
 
 def test_registered_reward_exports_by_name_and_runs_with_onnx(reward_dir, tmp_path, steerkit_cache, tokenizer):
     from steerkit import registry
+    from steerkit.rewards.packaged import reward_model_factory
     from steerkit.rewards.onnx_export import export_source
 
     class Plugin:
         @registry.hookimpl
         def register_reward_models(self, register):
-            register("tiny-registered-onnx", registry.reward_model_factory(reward_dir, name="tiny-registered-onnx"))
+            register("tiny-registered-onnx", reward_model_factory(reward_dir, name="tiny-registered-onnx"))
 
     registry.register_plugin(Plugin(), name="tiny-onnx-test-plugin")
     try:

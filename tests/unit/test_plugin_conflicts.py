@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 import steerkit
 from steerkit import registry
+from steerkit.rewards.loading import get_reward
 from steerkit.cli import app, main
 from steerkit.errors import PluginConflictError, PluginError
 
@@ -89,12 +90,12 @@ def site(tmp_path, monkeypatch):
 
 
 def origin(reference: str) -> str:
-    return registry.get_reward(reference).origin
+    return get_reward(reference).origin
 
 
 def test_a_shared_name_is_an_error_naming_both(site):
     with pytest.raises(PluginConflictError) as info:
-        registry.get_reward("toxicity")
+        get_reward("toxicity")
     message = str(info.value)
     assert "Reward 'toxicity' is registered by 2 plugins" in message
     assert "plugin 'aaa-impostor' (steerkit-impostor 6.6.6): an impostor" in message
@@ -145,14 +146,14 @@ def test_a_qualified_reference_picks_one(site):
 
     with pytest.raises(PluginError, match=r"'toxicity' is registered by .*not by 'steerkit-sentiment'.*does not "
                                           r"register a reward named 'toxicity' \(its rewards: sentiment\)"):
-        registry.get_reward("steerkit-sentiment:toxicity")
+        get_reward("steerkit-sentiment:toxicity")
     with pytest.raises(PluginError, match="no loaded plugin is named 'nope'"):
-        registry.get_reward("nope:toxicity")
+        get_reward("nope:toxicity")
     with pytest.raises(PluginError, match=r"Unknown reward 'toxicty' \(from plugin 'steerkit-toxicity'\)\. "
                                           "Did you mean 'toxicity'"):
-        registry.get_reward("steerkit-toxicity:toxicty")
+        get_reward("steerkit-toxicity:toxicty")
     with pytest.raises(PluginError, match="write NAME or PLUGIN:NAME"):
-        registry.get_reward(":toxicity")
+        get_reward(":toxicity")
 
 
 def test_the_allowlist_picks_one(site, monkeypatch):
@@ -165,7 +166,7 @@ def test_the_allowlist_picks_one(site, monkeypatch):
     monkeypatch.delenv(registry.ENV_ALLOWLIST)
     registry.reset()
     with pytest.raises(PluginConflictError) as info:
-        registry.get_reward("toxicity")
+        get_reward("toxicity")
     [keep_impostor] = re.findall(r"STEERKIT_PLUGINS=(\S+) or", str(info.value))
     monkeypatch.setenv(registry.ENV_ALLOWLIST, keep_impostor)
     registry.reset()
@@ -199,14 +200,14 @@ def test_a_preference_that_cannot_be_honoured_is_an_error(site, monkeypatch):
     registry.reset()
     with pytest.raises(PluginError, match=r"STEERKIT_PREFER picks 'steerkit-toxicity' for reward 'toxicity', but "
                                           r"plugin 'toxicity' is installed but not loaded: STEERKIT_PLUGINS="):
-        registry.get_reward("toxicity")
+        get_reward("toxicity")
     assert origin("aaa-impostor:toxicity") == "steerkit-impostor"  # explicit references still work
 
     monkeypatch.delenv(registry.ENV_ALLOWLIST)
     monkeypatch.setenv(PREFER, "toxicity=steerkit-sentiment")
     registry.reset()
     with pytest.raises(PluginConflictError, match="does not register a reward named 'toxicity'"):
-        registry.get_reward("toxicity")
+        get_reward("toxicity")
 
     for bad, why in [("toxicity", "needs the form NAME=PLUGIN"), ("toxicity=", "needs a plugin"),
                      ("tox city=x", "is not a reward or scorer name"),
@@ -214,7 +215,7 @@ def test_a_preference_that_cannot_be_honoured_is_an_error(site, monkeypatch):
         monkeypatch.setenv(PREFER, bad)
         registry.reset()
         with pytest.raises(PluginError, match=f"STEERKIT_PREFER=.* is not valid:\n.*{why}"):
-            registry.get_reward("sentiment")
+            get_reward("sentiment")
 
 
 def test_a_clashing_entry_point_name_is_loaded_and_reported(site, tmp_path, monkeypatch):
@@ -225,7 +226,7 @@ def test_a_clashing_entry_point_name_is_loaded_and_reported(site, tmp_path, monk
     monkeypatch.syspath_prepend(str(first))
     registry.reset()
     with pytest.raises(PluginConflictError, match="plugin 'toxicity@steerkit-toxicity' \\(steerkit-toxicity 0.1.0\\)"):
-        registry.get_reward("toxicity")
+        get_reward("toxicity")
     assert origin("steerkit-toxicity:toxicity") == "steerkit-toxicity"
     assert origin("steerkit-toxicity-plus:toxicity") == "steerkit-toxicity-plus"
     plugin = next(p for p in registry.list_plugins() if p.name == "toxicity@steerkit-toxicity")
@@ -249,7 +250,7 @@ def test_scorers_and_in_process_plugins(site):
                                                   r"STEERKIT_PLUGINS cannot help here"):
         registry.get_scorer("vader")
     with pytest.raises(PluginConflictError, match="registered by 3 plugins"):
-        registry.get_reward("toxicity")
+        get_reward("toxicity")
     assert registry.get_scorer("my-vader:vader").score(["a"]) == [0.0]
     assert registry.get_registry().get("scorer", "steerkit:vader").plugin == "steerkit.evaluation.builtin_scorers"
     registry.prefer("vader", "steerkit")

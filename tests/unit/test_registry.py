@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from steerkit import registry
+from steerkit.rewards.loading import get_reward
+from steerkit.rewards.packaged import reward_model_factory
 from steerkit.errors import PluginError
 
 GOOD = '''
@@ -130,7 +132,7 @@ def test_entry_point_plugins_load_with_versions(fake_plugins):
     assert good.hooks == ["register_reward_models", "register_scorers"]
     assert good.rewards == ["good-reward", "torch-only", "explodes", "not-a-reward"]
     assert good.scorers == ["good-scorer"]
-    reward = registry.get_reward("good-reward", backend="onnx", context="full")
+    reward = get_reward("good-reward", backend="onnx", context="full")
     assert (reward.backend, reward.context) == ("onnx", "full")
     session = reward.start(["a", "b"], None)
     assert session.score(torch.zeros(2, 3, dtype=torch.long)).shape == (2, 3)
@@ -150,7 +152,7 @@ def test_a_broken_plugin_is_reported_by_name_and_the_others_work(fake_plugins):
     assert raising.rewards == []  # nothing from the failing hook call is used ...
     assert raising.scorers == ["raising-scorer"]  # ... but its other hook still counts
     with pytest.raises(PluginError, match="Unknown reward 'partial-reward'"):
-        registry.get_reward("partial-reward")
+        get_reward("partial-reward")
 
     misspelled = plugin("misspelled")
     assert not misspelled.loaded
@@ -164,12 +166,12 @@ def test_a_broken_plugin_is_reported_by_name_and_the_others_work(fake_plugins):
 
     assert "invalid reward name 'has space'" in plugin("badname").errors[0]
     # the good plugin is untouched by all of the above
-    assert registry.get_reward("good-reward").name == "good-reward"
+    assert get_reward("good-reward").name == "good-reward"
 
 
 def test_unknown_reward_lists_available_names_and_broken_plugins(fake_plugins):
     with pytest.raises(PluginError) as info:
-        registry.get_reward("good-rewrd")
+        get_reward("good-rewrd")
     message = str(info.value)
     assert "Did you mean 'good-reward'?" in message
     assert "dup-only" in message and "good-reward" in message and "torch-only" in message
@@ -180,13 +182,13 @@ def test_unknown_reward_lists_available_names_and_broken_plugins(fake_plugins):
 
 
 def test_factory_contract_errors(fake_plugins):
-    assert registry.get_reward("torch-only").backend == "torch"
+    assert get_reward("torch-only").backend == "torch"
     with pytest.raises(PluginError, match="does not support the 'onnx' backend"):
-        registry.get_reward("torch-only", backend="onnx")
+        get_reward("torch-only", backend="onnx")
     with pytest.raises(PluginError, match="'explodes' from plugin 'good' failed to load: ZeroDivisionError"):
-        registry.get_reward("explodes")
+        get_reward("explodes")
     with pytest.raises(PluginError, match="returned object, which lacks `name`"):
-        registry.get_reward("not-a-reward")
+        get_reward("not-a-reward")
 
 
 def test_load_reward_resolves_registered_names(fake_plugins):
@@ -206,7 +208,7 @@ def test_allowlist_by_entry_point_or_distribution_name(fake_plugins, monkeypatch
     assert "no installed package declares" in plugin("not-installed").errors[0]
     assert {r.name for r in registry.list_rewards()} >= {"good-reward", "dup-only"}
     with pytest.raises(PluginError, match="STEERKIT_PLUGINS="):
-        registry.get_reward("missing")
+        get_reward("missing")
 
     monkeypatch.setenv(registry.ENV_ALLOWLIST, "")
     registry.reset()
@@ -221,12 +223,12 @@ def test_in_process_plugin_registration(fake_plugins):
             register("local", lambda: object.__new__(type("R", (), {"name": "local", "start": lambda *a: None})))
 
     registry.register_plugin(Local(), name="local-plugin")
-    assert registry.get_reward("local").name == "local"
+    assert get_reward("local").name == "local"
     with pytest.raises(PluginError, match="already registered"):
         registry.register_plugin(Local(), name="local-plugin")
     registry.unregister_plugin("local-plugin")
     with pytest.raises(PluginError, match="Unknown reward 'local'"):
-        registry.get_reward("local")
+        get_reward("local")
 
     class Misspelled:
         @registry.hookimpl
@@ -263,7 +265,7 @@ def test_reward_model_factory(tmp_path, tiny_backbone_dir):
     from steerkit.rewards.model import RewardModel
     from steerkit.rewards.scorer import RewardModelScorer
 
-    factory = registry.reward_model_factory(tmp_path / "model", name="tox", package="steerkit-tox")
+    factory = reward_model_factory(tmp_path / "model", name="tox", package="steerkit-tox")
     with pytest.raises(PluginError, match="model files are missing from the steerkit-tox package"):
         factory()
     RewardModel.from_backbone(str(tiny_backbone_dir), 1, name="whatever").save_pretrained(tmp_path / "model")
@@ -288,4 +290,4 @@ def test_shipped_reward_plugins_register_through_entry_points(name):
     module = __import__(f"steerkit_{name}")
     if not (module.MODEL_DIR / "reward_config.json").is_file():
         with pytest.raises(PluginError, match="model files are missing"):
-            registry.get_reward(name)
+            get_reward(name)

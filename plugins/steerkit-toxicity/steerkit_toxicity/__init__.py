@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from steerkit import hookimpl
-from steerkit.registry import describe_reward_model, reward_model_factory
+from steerkit.rewards.packaged import describe_reward_model, reward_model_factory
 
 __version__ = "0.1.0"
 

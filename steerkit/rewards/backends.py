@@ -1,0 +1,92 @@
+"""The table of reward backends: the ways a reward model can run, looked up by name.
+
+A backend is registered through the ``register_reward_backends`` hook (:mod:`steerkit.hookspecs`); steerkit's
+own ``torch`` and ``onnx`` come from the built-in plugin :mod:`steerkit.rewards.builtin_backends`, on the same
+path as any plugin. Every place that takes a backend name (``load_reward``, ``generate``, config files,
+``steerkit eval``, the CLI's ``--backend``) validates it with :func:`check_backend` and uses it through
+:func:`get_backend`; nothing in steerkit compares backend names.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from ..errors import InvalidArgumentError, PluginError
+from ..registry import get_registry
+
+#: The backend used when none is named, and the only one a reward factory without a ``backend`` argument serves.
+DEFAULT_BACKEND = "torch"
+
+
+class RewardBackend(ABC):
+    """How reward models run. A plugin subclasses it and registers the subclass (its factory) by name.
+
+    Example::
+
+        @hookimpl
+        def register_reward_backends(register):
+            register("mine", MyBackend, description="reward models on my runtime")
+    """
+
+    #: The name it is registered under (informational; the registration decides).
+    name: str = ""
+
+    @abstractmethod
+    def load(self, directory: Path):
+        """The model of a reward-model directory (or of a directory in this backend's own format): an object
+        with ``config`` (:class:`~steerkit.rewards.model.RewardModelConfig`), ``tokenizer`` and
+        ``encode(texts) -> {"input_ids", "attention_mask"}`` (start token + text, left padded). Raise a
+        :class:`~steerkit.errors.SteerkitError` that says what to pass instead for a directory it cannot run."""
+
+    @abstractmethod
+    def new_cache(self, model, input_ids, attention_mask):
+        """The :class:`~steerkit.rewards.base.ScoringCache` of ``model`` over B rows, prefilled with
+        ``input_ids`` [B, L] (``attention_mask`` [B, L], left padded). ``model`` is what :meth:`load` returned,
+        or a torch :class:`~steerkit.rewards.model.RewardModel` handed to a scorer directly."""
+
+    def to_device(self, model, device: str) -> None:
+        """Put ``model`` on the torch ``device`` when the backend runs there; by default it stays where it is."""
+
+
+_lock = threading.RLock()
+_built: dict[tuple, RewardBackend] = {}
+
+
+def backend_names() -> list[str]:
+    """Every registered backend name, in registration order (steerkit's ``torch`` and ``onnx`` first)."""
+    return list(get_registry().claims["backend"])
+
+
+def check_backend(name) -> str:
+    """``name`` if a plugin registers it (or a ``PLUGIN:NAME`` reference); otherwise an
+    :class:`~steerkit.errors.InvalidArgumentError` (a ``ValueError``, so it also serves as a pydantic validator)
+    listing the registered backends."""
+    if isinstance(name, str) and (name in get_registry().claims["backend"] or ":" in name.strip(":")):
+        return name
+    names = backend_names()
+    choices = (", ".join(map(repr, names[:-1])) + f" or {names[-1]!r}") if len(names) > 1 else ", ".join(map(repr, names))
+    raise InvalidArgumentError(f"Unknown reward backend {name!r}; use {choices or '(none registered)'} (plugins add "
+                               "backends through the register_reward_backends hook; `steerkit plugins` lists them).")
+
+
+def get_backend(name: str) -> RewardBackend:
+    """The backend registered as ``name`` (or ``PLUGIN:NAME``), built once per process and registration.
+
+    Raises :class:`~steerkit.errors.InvalidArgumentError` for a name nobody registers and
+    :class:`~steerkit.errors.PluginConflictError` for a name two plugins register (until the user picks one).
+    """
+    entry = get_registry().get("backend", check_backend(name))
+    key = (entry.plugin, entry.name, entry.factory)
+    with _lock:
+        backend = _built.get(key)
+        if backend is None:
+            backend = entry.build({})
+            missing = [m for m in ("load", "new_cache", "to_device") if not callable(getattr(backend, m, None))]
+            if missing:
+                raise PluginError(f"The factory of backend {entry.name!r} (plugin {entry.plugin!r}) returned "
+                                  f"{type(backend).__name__}, which lacks {', '.join(missing)}; subclass "
+                                  "steerkit.rewards.backends.RewardBackend.")
+            _built[key] = backend
+    return backend

@@ -1,0 +1,63 @@
+"""steerkit's reward backends, ``torch`` and ``onnx``, registered through the public
+``register_reward_backends`` hook.
+
+This module is listed in :data:`steerkit.registry.BUILTIN_PLUGINS`, so it registers exactly as an installed
+plugin package would. The backends import their runtimes only when used, so registering stays free.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..registry import hookimpl
+from .backends import RewardBackend
+
+
+class TorchBackend(RewardBackend):
+    """The reward model's own PyTorch weights, on any device torch runs on."""
+
+    name = "torch"
+
+    def load(self, directory: Path):
+        from ..errors import ExportError
+        from .model import RewardModel
+        from .onnx_export import is_export_dir
+
+        if is_export_dir(directory):
+            raise ExportError(f"{directory} is an ONNX export: use backend 'onnx' (--backend onnx), or pass "
+                              "the reward-model directory it was exported from for backend 'torch'.")
+        return RewardModel.from_pretrained(directory)
+
+    def new_cache(self, model, input_ids, attention_mask):
+        from .torch_cache import TorchScoringCache
+
+        return TorchScoringCache(model, input_ids, attention_mask)
+
+    def to_device(self, model, device: str) -> None:
+        if hasattr(model, "to"):
+            model.to(device)
+
+
+class OnnxBackend(RewardBackend):
+    """onnxruntime on a verified ONNX export; a reward-model directory is exported into the cache on first use.
+
+    The model stays where onnxruntime's execution providers put it (``$STEERKIT_ONNX_PROVIDERS``).
+    """
+
+    name = "onnx"
+
+    def load(self, directory: Path):
+        from .onnx_backend import OnnxRewardModel
+
+        return OnnxRewardModel.load(directory)
+
+    def new_cache(self, model, input_ids, attention_mask):
+        from .onnx_backend import OnnxScoringCache
+
+        return OnnxScoringCache.for_model(model, input_ids, attention_mask)
+
+
+@hookimpl
+def register_reward_backends(register):
+    register("torch", TorchBackend, description="PyTorch: the reward model's own weights (cpu, cuda, mps)")
+    register("onnx", OnnxBackend, description="onnxruntime: a verified ONNX export, made and cached on first use")

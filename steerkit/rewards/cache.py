@@ -1,0 +1,134 @@
+"""The bookkeeping every shared-prefix scoring cache needs, whatever runs the forward.
+
+:class:`SharedPrefixCache` implements :class:`~steerkit.rewards.base.ScoringCache` once: the per-row mask of
+cached columns (holes left by rollbacks included), the next position of each row, the 4D masks and position
+ids of a prefix extension or of k candidate blocks, which candidate block is pending, which columns a commit
+keeps and which a rollback drops. A backend subclasses it and supplies only what differs:
+
+* :meth:`~SharedPrefixCache._forward` runs new tokens over the cached KV and returns ``(rewards [B, n], kv)``;
+* :meth:`~SharedPrefixCache._store` keeps the KV of an appended prefix extension;
+* :meth:`~SharedPrefixCache._discard_blocks` forgets the KV of the pending candidate blocks;
+* :meth:`~SharedPrefixCache._keep_block` keeps one block's KV per row after the cached columns;
+* :meth:`~SharedPrefixCache._truncate` crops the cached KV to its first columns.
+
+Shapes: B rows, k candidate blocks of m tokens each, T cached columns (``length``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+from .attention import append_mask_4d, block_mask_4d
+
+
+def pick_columns(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t[b, :, index[b, j], :]`` for a KV tensor [B, heads, T, d] and column indices [B, m] -> [B, heads, m, d]."""
+    return t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
+
+
+class SharedPrefixCache(ABC):
+    """Incremental state of one reward model over B rows, in the reward model's token ids.
+
+    ``mask`` [B, T] marks the real cached tokens of each row (left padding and rollback holes are False);
+    ``next_pos`` [B] is the position id of each row's next token (real tokens counted). Rewards come back on
+    the device the scored tokens came from.
+    """
+
+    def __init__(self, batch_size: int, device: torch.device | str):
+        self.device = device
+        self.mask = torch.zeros((batch_size, 0), dtype=torch.bool, device=device)
+        self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self._pending: tuple[int, int, torch.Tensor, Any] | None = None  # (k, m, block_mask, kv) of the last score
+
+    # -- what a backend supplies -------------------------------------------------------------------
+    @abstractmethod
+    def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Run ``ids`` [B, n] at ``position_ids`` [B, n] over the cached KV; ``allowed`` [B, 1, n, T + n] is the
+        boolean attention mask. Returns the rewards [B, n] and the KV of the cache extended by the n tokens."""
+
+    @abstractmethod
+    def _store(self, kv: Any) -> None:
+        """Keep ``kv`` (what :meth:`_forward` returned for a prefix extension) as the cached KV."""
+
+    @abstractmethod
+    def _discard_blocks(self, kv: Any, count: int) -> None:
+        """Forget the ``count`` pending block columns that :meth:`_forward` returned as ``kv``."""
+
+    @abstractmethod
+    def _keep_block(self, kv: Any, index: torch.Tensor) -> None:
+        """Make the cache the T cached columns followed by columns ``index`` [B, m] of ``kv`` (the pending
+        blocks' KV, T + k·m columns)."""
+
+    @abstractmethod
+    def _truncate(self, keep: int) -> None:
+        """Keep only the first ``keep`` columns of the cached KV."""
+
+    # -- the ScoringCache contract ----------------------------------------------------------------
+    @property
+    def length(self) -> int:
+        return self.mask.shape[1]
+
+    def _drop_pending(self) -> None:
+        if self._pending is not None:
+            k, m, _, kv = self._pending
+            self._pending = None
+            self._discard_blocks(kv, k * m)
+
+    def score_blocks(self, blocks: torch.Tensor, block_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Score k blocks per row ([B, k, m], right-padded, mask [B, k, m]) in one forward over the shared
+        prefix; the reward of a block is read at its last real token. Returns [B, k]."""
+        self._drop_pending()
+        device = blocks.device  # rewards go back where the candidates came from (the LM's device)
+        blocks = blocks.to(self.device)
+        B, k, m = blocks.shape
+        block_mask = (torch.ones_like(blocks, dtype=torch.bool) if block_mask is None
+                      else block_mask.to(self.device).bool())
+        offsets = (block_mask.long().cumsum(-1) - 1).clamp(min=0)
+        position_ids = (self.next_pos[:, None, None] + offsets).reshape(B, k * m)
+        allowed = block_mask_4d(self.mask, block_mask)
+        rewards, kv = self._forward(blocks.reshape(B, k * m), position_ids, allowed)
+        self._pending = (k, m, block_mask, kv)
+        last = (block_mask.long().sum(-1) - 1).clamp(min=0)  # [B, k]
+        return rewards.reshape(B, k, m).gather(-1, last[..., None]).squeeze(-1).to(device)
+
+    def commit_choice(self, choice: torch.Tensor) -> None:
+        """Keep the KV of block ``choice[b]`` of the last :meth:`score_blocks` call for each row; drop the rest."""
+        if self._pending is None:
+            raise RuntimeError("commit_choice() needs a preceding score_blocks() call")
+        k, m, block_mask, kv = self._pending
+        choice = choice.to(self.device).long()
+        index = self.length + choice[:, None] * m + torch.arange(m, device=self.device)[None, :]  # [B, m]
+        self._keep_block(kv, index)
+        chosen = block_mask.gather(1, choice[:, None, None].expand(-1, 1, m)).squeeze(1)  # [B, m]
+        self.mask = torch.cat([self.mask, chosen], dim=1)
+        self.next_pos = self.next_pos + chosen.long().sum(-1)
+        self._pending = None
+
+    def append(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Run new tokens [B, n] (mask [B, n]) through the model and keep their KV."""
+        self._drop_pending()
+        tokens = tokens.to(self.device)
+        mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.to(self.device).bool()
+        if tokens.shape[1] == 0:
+            return
+        position_ids = self.next_pos[:, None] + (mask.long().cumsum(-1) - 1).clamp(min=0)
+        _, kv = self._forward(tokens, position_ids, append_mask_4d(self.mask, mask))
+        self._store(kv)
+        self.mask = torch.cat([self.mask, mask], dim=1)
+        self.next_pos = self.next_pos + mask.long().sum(-1)
+
+    def rollback(self, counts: torch.Tensor) -> None:
+        """Forget the last ``counts[b]`` real tokens of each row (their columns become holes)."""
+        self._drop_pending()
+        counts = counts.to(self.device).long()
+        real_after = self.mask.long().flip(-1).cumsum(-1).flip(-1)  # real tokens at or after each position
+        self.mask = self.mask & ~(real_after <= counts[:, None])
+        self.next_pos = self.next_pos - torch.minimum(counts, self.next_pos)
+        # physically drop trailing columns that are holes in every row
+        keep = int(self.mask.any(0).nonzero().max().item()) + 1 if self.mask.any() else 0
+        if keep < self.length:
+            self._truncate(keep)
+            self.mask = self.mask[:, :keep]
