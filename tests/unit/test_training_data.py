@@ -11,9 +11,8 @@ import pytest
 
 from steerkit.errors import ConfigError, DataError
 from steerkit.training.config import TrainConfig
-from steerkit.training.data import (
-    DataSource, LabelTransform, build_dataset, epoch_indices, length_grouped_batches, read_source,
-)
+from steerkit.training.data import DataSource, build_dataset, epoch_indices, length_grouped_batches, read_source
+from steerkit.training.sources import LabelTransform
 
 
 def write(tmp_path: Path, name: str, content, mode: str = "w") -> Path:
