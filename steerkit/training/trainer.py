@@ -11,11 +11,10 @@ Order of work, chosen so that nothing already trained is ever lost:
 4. evaluate on the dev split (per source) and the held-out sets, then write the reward-model directory
    (weights, metrics.json, README.md model card) into a temporary directory and swap it into place.
 
-What is never deleted: an existing ``output_dir`` is refused before training starts (and again before the
-swap) unless it is empty, or ``overwrite`` is set and it is a steerkit reward-model directory (it has
-``reward_config.json``); a regular file, a symbolic link or any other directory there is always refused. In
-``checkpoint_dir`` only what checkpointing writes is removed (``step-*``, ``latest``, the temporaries of
-interrupted writes), and the directory itself only if this run created it and it is then empty.
+What is never deleted: an existing ``output_dir`` is refused unless it is safe to replace
+(:mod:`steerkit.training.output`). In ``checkpoint_dir`` only what checkpointing writes is removed (``step-*``,
+``latest``, the temporaries of interrupted writes), and the directory itself only if this run created it and it
+is then empty.
 """
 
 from __future__ import annotations
@@ -26,10 +25,8 @@ import math
 import os
 import platform
 import random
-import shutil
 import signal
 import sys
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -39,13 +36,14 @@ from typing import Callable
 import torch
 
 from ..threads import set_threads
-from ..errors import CheckpointError, ConfigError, OutputExistsError, RewardModelFormatError
-from ..rewards.model import CONFIG_NAME, RewardModel, lora_config, resolve_lora
+from ..errors import CheckpointError, ConfigError, RewardModelFormatError
+from ..rewards.model import RewardModel, lora_config, resolve_lora
 from .checkpoint import (LATEST_NAME, STATE_NAME, clean_interrupted_writes, has_checkpoints, load_checkpoint,
                          optimizer_from_tensors, remove_checkpoints, save_checkpoint)
 from .config import TrainConfig
 from .data import Dataset, build_dataset, collate, epoch_indices, length_grouped_batches, tokenize
 from .loss import LOSSES
+from .output import check_checkpoint_dir, check_output_dir, write_output
 from .metrics import predict, summarise
 
 
@@ -174,40 +172,6 @@ def _log(message: str, progress_bar=None) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def check_output_dir(output: Path, overwrite: bool) -> None:
-    """Raise :class:`OutputExistsError` unless writing the reward model to ``output`` destroys nothing.
-
-    Allowed: ``output`` does not exist, is an empty directory, or (only with ``overwrite``) is a steerkit
-    reward-model directory. A regular file, a symbolic link or any other non-empty directory is refused."""
-    if output.is_symlink():
-        raise OutputExistsError(f"Output {output} is a symbolic link; steerkit will not replace it. Give the real "
-                                "directory as --output (-o / output_dir), or another path.")
-    if not output.exists():
-        return
-    if not output.is_dir():
-        raise OutputExistsError(f"Output {output} exists and is not a directory; steerkit never replaces it, even "
-                                "with --overwrite. Choose another --output (-o / output_dir), or move it away.")
-    if not any(output.iterdir()):
-        return
-    if not (output / CONFIG_NAME).is_file():
-        raise OutputExistsError(f"Output directory {output} is not empty and is not a steerkit reward model (no "
-                                f"{CONFIG_NAME}); steerkit will not replace it, even with --overwrite. Choose "
-                                "another --output (-o / output_dir), or empty it yourself.")
-    if not overwrite:
-        raise OutputExistsError(f"Output {output} already holds a reward model. Pass --overwrite (overwrite: true) "
-                                "to replace it, or choose another --output (-o / output_dir).")
-
-
-def _check_checkpoint_dir(ckpt_dir: Path, output: Path) -> None:
-    if ckpt_dir.exists() and not ckpt_dir.is_dir():
-        raise ConfigError(f"checkpoint_dir {ckpt_dir} exists and is not a directory. Choose another "
-                          "--checkpoint-dir.")
-    out, ckpt = output.resolve(), ckpt_dir.resolve()
-    if ckpt == out or out in ckpt.parents:
-        raise ConfigError(f"checkpoint_dir {ckpt_dir} is inside output_dir {output}, which is replaced when "
-                          "training ends. Choose a --checkpoint-dir outside it (the default is OUTPUT.checkpoints).")
-
-
 def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
           callbacks: Callbacks | None = None) -> TrainResult:
     """Train a reward model as configured and write its directory to ``config.output_dir``.
@@ -233,7 +197,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     output = Path(config.output_dir)
     check_output_dir(output, overwrite)  # now, not after minutes of training
     ckpt_dir = config.checkpoint_path
-    _check_checkpoint_dir(ckpt_dir, output)
+    check_checkpoint_dir(ckpt_dir, output)
     # whether this run owns the checkpoint directory (then removes it once empty); a resumed run inherits it
     created_ckpt_dir = not ckpt_dir.exists()
     if not resume and has_checkpoints(ckpt_dir):
@@ -390,7 +354,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     metrics["eval_data"] = [vars(s) for _, _, s in dataset.eval_sets]
     metrics["removed_eval_overlap"] = dataset.removed_overlap
     metrics["history"] = history
-    output = _write_output(model, config, metrics, overwrite=overwrite)
+    output = write_output(model, config, metrics, overwrite=overwrite)
     if not config.keep_checkpoint_dir:
         remove_checkpoints(ckpt_dir, remove_dir=created_ckpt_dir)
     _log(f"wrote {output} ({train_seconds:.0f} s training, {eval_seconds:.0f} s evaluation)")
@@ -425,51 +389,9 @@ def _final_metrics(model: RewardModel, dataset: Dataset, tokens: _Tokenized, con
     return out
 
 
-def _portable_config(config: TrainConfig) -> dict:
-    """The config as written into the output (machine-specific absolute paths dropped)."""
-    data = config.model_dump(mode="json")
-    for key in ("data_root", "output_dir", "checkpoint_dir", "card"):
-        data[key] = None if data.get(key) is None else Path(data[key]).name
-    return data
-
-
 def _state_flag(ckpt_dir: Path, key: str, default: bool) -> bool:
     """``key`` from the state of the newest checkpoint in ``ckpt_dir`` (``default`` when absent or unreadable)."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         name = (ckpt_dir / LATEST_NAME).read_text(encoding="utf-8").strip()
         return bool(json.loads((ckpt_dir / name / STATE_NAME).read_text(encoding="utf-8")).get(key, default))
     return default
-
-
-def _write_output(model: RewardModel, config: TrainConfig, metrics: dict, *, overwrite: bool = False) -> Path:
-    """Write the reward-model directory next to its destination, then swap it in (the old one survives failures)."""
-    from ..models import atomic_write_text
-    from .card import render_card
-
-    output = Path(config.output_dir)
-    check_output_dir(output, overwrite)  # again: something may have appeared there during training
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.new."))
-    try:
-        model.eval()
-        model.save_pretrained(tmp, metrics=metrics)
-        card = render_card(config.model_copy(update={"lora": model.config.lora or config.lora}), metrics)  # resolved targets
-        atomic_write_text(tmp / "README.md", card)
-        atomic_write_text(tmp / "training_config.json", json.dumps(_portable_config(config), indent=2))
-        os.chmod(tmp, 0o755)  # mkdtemp/mkstemp create owner-only entries; a model directory is meant to be shared
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        old = None
-        if output.exists():  # an empty directory or (with overwrite) a reward model: check_output_dir allowed it
-            check_output_dir(output, overwrite)
-            old = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.old."))
-            os.rename(output, old / output.name)
-        os.rename(tmp, output)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if config.card:
-        atomic_write_text(Path(config.card), card)
-    return output
