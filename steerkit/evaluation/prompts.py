@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,3 +62,9 @@ def load_prompts(path: str | Path, field: str = "prompt.text", limit: int | None
     if not prompts:
         raise DataError(f"{path} has no prompts in the requested range (offset {offset}, limit {limit}).")
     return prompts
+
+
+def unit_seed(seed: int, prompt_set: str, index: int) -> int:
+    """The sampling seed of one prompt: a function of (seed, prompt set, prompt index) only, so a resumed run
+    produces exactly what an uninterrupted one would, and all settings share random numbers per prompt."""
+    return int(hashlib.sha256(f"{seed}|{prompt_set}|{index}".encode()).hexdigest()[:8], 16)

@@ -19,10 +19,8 @@ produces exactly what an uninterrupted one would, and all settings share random 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +30,11 @@ from ..errors import ConfigError, DataError
 from ..models import atomic_write_text
 from . import metrics as M
 from .config import EvalConfig, Setting
-from .prompts import Prompt, load_prompts
+from .prompts import Prompt, load_prompts, unit_seed
 from .store import JsonlStore
+from .traces import trace_is_current, write_trace
 
 STAGES = ("generate", "score", "fluency", "trace", "report")
-
-
-def unit_seed(seed: int, prompt_set: str, index: int) -> int:
-    return int(hashlib.sha256(f"{seed}|{prompt_set}|{index}".encode()).hexdigest()[:8], 16)
 
 
 @dataclass
@@ -298,33 +293,14 @@ class EvalRunner:
             if not setting.steered:
                 continue
             path = self.out / "traces" / f"{setting.name}.json"
-            if path.exists():
-                try:
-                    old = json.loads(path.read_text(encoding="utf-8"))
-                    if old.get("key") == self.keys[setting.name] and old.get("prompt") == prompt.text:
-                        continue
-                except ValueError:
-                    pass
+            if trace_is_current(path, self.keys[setting.name], prompt.text):
+                continue
             gen = self.generator(setting)
             out = gen.generate([prompt.text], max_new_tokens=cfg.max_new_tokens, do_sample=True,
                                temperature=cfg.temperature, num_return_sequences=1,
                                seed=unit_seed(cfg.seed, first, prompt.index), return_traces=True)
-            tok = gen.tokenizer
-            steps = []
-            for step in out.traces[0]:
-                chosen = int(step.chosen[0])
-                if chosen < 0:
-                    break
-                ids = step.topk_ids[0].tolist()
-                steps.append({
-                    "candidates": [tok.decode([i]) for i in ids], "logits": step.topk_logits[0].tolist(),
-                    "rewards": {n: r[0].tolist() for n, r in step.rewards.items()}, "scores": step.scores[0].tolist(),
-                    "betas": step.betas, "chosen": chosen, "token": tok.decode([ids[chosen]]),
-                })
-            data = {"setting": setting.name, "key": self.keys[setting.name], "k": setting.k,
-                    "rewards": [r.model_dump() for r in setting.rewards], "prompt_set": first,
-                    "prompt_index": prompt.index, "prompt": prompt.text, "text": out.texts[0], "steps": steps}
-            atomic_write_text(path, json.dumps(data, ensure_ascii=False, indent=1))
+            write_trace(path, out, gen.tokenizer, setting=setting, key=self.keys[setting.name], prompt_set=first,
+                        prompt=prompt)
             written.append(path)
         return written
 
@@ -389,39 +365,10 @@ class EvalRunner:
 
     # -- cost -----------------------------------------------------------------------------------
     def estimate(self, sample_prompts: int = 1) -> dict:
-        """Time ``sample_prompts`` prompts per setting (models already warm after the first) and extrapolate."""
-        self.apply_threads()
-        total_prompts = sum(len(p) for p in self.prompts.values())
-        first = next(iter(self.prompts))
-        sample = self.prompts[first][:sample_prompts]
-        cfg = self.config
-        per_setting = {}
-        for setting in self.settings:
-            gen = self.generator(setting)
-            gen.generate([sample[0].text], max_new_tokens=2, num_return_sequences=2, seed=0)  # warm-up
-            seconds = 0.0
-            tokens = 0
-            for p in sample:
-                out = gen.generate([p.text], max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                                   num_return_sequences=cfg.num_continuations, seed=unit_seed(cfg.seed, first, p.index),
-                                   batch_size=cfg.batch_size or cfg.num_continuations)
-                seconds += out.seconds
-                tokens += sum(out.num_new_tokens)
-            per_setting[setting.name] = {"seconds_per_prompt": seconds / len(sample), "tokens_per_second": tokens / seconds}
-        gen_total = sum(v["seconds_per_prompt"] for v in per_setting.values()) * total_prompts
-        est = {"prompts": total_prompts, "settings": len(self.settings), "continuations_per_prompt": cfg.num_continuations,
-               "generation": per_setting, "generation_seconds": gen_total}
-        if cfg.fluency:
-            from .fluency import PerplexityScorer
+        """Time ``sample_prompts`` prompts per setting and extrapolate (see :mod:`.estimate`)."""
+        from .estimate import estimate_cost
 
-            ppl = PerplexityScorer(self._eval_lm or cfg.eval_lm, batch_size=cfg.fluency_batch_size)
-            texts = [" and then the day went on as it always did, quietly"] * (cfg.fluency_samples or cfg.num_continuations)
-            ppl.perplexities([sample[0].text] * 2, texts[:2])
-            start = time.perf_counter()
-            ppl.perplexities([sample[0].text] * len(texts), texts)
-            est["fluency_seconds"] = (time.perf_counter() - start) * total_prompts * len(self.settings)
-        est["total_seconds"] = gen_total + est.get("fluency_seconds", 0.0)
-        return est
+        return estimate_cost(self, sample_prompts)
 
     # -- progress -------------------------------------------------------------------------------
     @contextmanager
