@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelFormatError, ModelIntegrityError, ModelNotFoundError, ModelNotInstalledError
-from .model_checks import check_gguf, check_no_remote_code, check_safetensors_weights, raise_if_remote_code
+from .model_checks import (check_gguf, check_no_remote_code, check_safetensors_weights, convert_to_safetensors_command,
+                           raise_if_remote_code)
 
 DEFAULT_LM = "smollm2-135m-instruct"
 DEFAULT_EVAL_LM = "gemma3-270m"

@@ -27,7 +27,8 @@ def export_onnx_command(
     steerkit generate "Hello" --reward DIR=-10 --backend onnx
     """
     from ..errors import ExportError
-    from ..rewards.onnx_export import MANIFEST_NAME, export_onnx, export_source, verify_export
+    from ..rewards.onnx_export import export_onnx, export_source
+    from ..rewards.onnx_manifest import MANIFEST_NAME, verify_export
 
     if out.is_dir() and any(out.iterdir()) and not force:  # fail before loading the model
         raise ExportError(f"{out} exists and is not empty; pass --force or choose another --out.")
@@ -49,7 +50,7 @@ def export_onnx_command(
 @export_app.command("verify")
 def verify_command(directory: Path = typer.Argument(..., help="An ONNX export directory.")):
     """Check an export's files against its manifest (hashes, tokenizer)."""
-    from ..rewards.onnx_export import verify_export
+    from ..rewards.onnx_manifest import verify_export
 
     manifest, config, _ = verify_export(directory)
     typer.echo(f"ok: {config.name!r}, {manifest['num_layers']} layers, source {manifest['source']['reward_hash'][:16]}…")

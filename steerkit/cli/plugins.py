@@ -38,6 +38,8 @@ def plugins(
                         for r in registry.list_rewards()],
             "scorers": [{"name": s.name, "plugin": s.plugin, "description": s.description}
                         for s in registry.list_scorers()],
+            "backends": [{"name": b.name, "plugin": b.plugin, "description": b.description}
+                         for b in registry.list_backends()],
             "conflicts": [_conflict_dict(reg, c) for c in conflicts],
             "errors": {i.name: i.errors for i in infos if i.errors},
         }
@@ -89,6 +91,13 @@ def plugins(
         typer.echo(f"{registry.ENV_PREFER} is not valid: {problem}")
 
 
+def registry_kinds() -> tuple[str, ...]:
+    """What plugins register (rewards, scorers, reward backends), in the order the table lists them."""
+    from ..hookspecs import KINDS
+
+    return tuple(KINDS)
+
+
 def _rows(reg, infos) -> list[tuple[str, str, str, str, str]]:
     """One row per (plugin, registered name), with that name's status."""
     rows = []
@@ -96,7 +105,7 @@ def _rows(reg, infos) -> list[tuple[str, str, str, str, str]]:
         version = info.version or "-"
         if info.distribution and info.distribution != info.name:
             version = f"{info.distribution} {version}"
-        regs = [r for kind in ("reward", "scorer") for regs in reg.claims[kind].values() for r in regs
+        regs = [r for kind in registry_kinds() for regs in reg.claims[kind].values() for r in regs
                 if r.plugin == info.name]
         if not regs:
             rows.append((info.name, version, "-", "ok" if info.loaded else "failed to load", ""))

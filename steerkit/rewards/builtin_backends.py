@@ -21,7 +21,7 @@ class TorchBackend(RewardBackend):
     def load(self, directory: Path):
         from ..errors import ExportError
         from .model import RewardModel
-        from .onnx_export import is_export_dir
+        from .onnx_manifest import is_export_dir
 
         if is_export_dir(directory):
             raise ExportError(f"{directory} is an ONNX export: use backend 'onnx' (--backend onnx), or pass "

@@ -35,10 +35,8 @@ from ..errors import ExportError
 from .attention import additive, append_mask_4d
 from .cache import SharedPrefixCache, pick_columns
 from .model import CONFIG_NAME, RewardModel
-from .onnx_export import (
-    INSTALL_HINT, MODEL_FILE, ensure_cached_export, is_export_dir, model_content_hash, reward_dir_hash,
-    verify_export,
-)
+from .onnx_export import INSTALL_HINT, ensure_cached_export, model_content_hash, reward_dir_hash
+from .onnx_manifest import MODEL_FILE, is_export_dir, verify_export
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
