@@ -164,7 +164,44 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass
 class SteeringTerm:
-    """One reward with its signed weight β (β < 0 steers away from the attribute)."""
+    r"""One reward with its signed weight β: the step adds `β · f(ρ)` to each of the k candidates' logits.
+
+    Args:
+        reward (`Reward`):
+            Anything with a `name` and `start(prefixes, lm_tokenizer) -> RewardSession`, whose session scores
+            candidates of shape `(batch_size, k)` with rewards ρ in [0, 1] of the same shape (e.g.
+            `steerkit.load_reward("toxicity")`, a `RewardModelScorer`, or a plugin's reward).
+        beta (`float` or `BetaSchedule`):
+            The signed weight (β < 0 steers away from the attribute); |β| at most 1e30 so float32 scores stay
+            finite. A `BetaSchedule` ramps it over the first steps.
+        transform (`Callable[[torch.Tensor], torch.Tensor]`, *optional*):
+            Shapes ρ (shape `(batch_size, k)`) before weighting, e.g. `make_transform("invert")` for 1 − ρ.
+        name (`str`, *optional*):
+            Key of this term in traces and outputs (default: the reward's name); needed to use one reward twice.
+
+    Examples:
+
+    ```python
+    >>> import torch
+    >>> from steerkit import BetaSchedule, SteeringTerm
+    >>> from steerkit.rewards.scorer import RewardModelScorer
+    >>> from steerkit.steering import make_transform, reweight
+    >>> from steerkit.testing import make_tokenizer, tiny_reward
+    >>> tokenizer = make_tokenizer()
+    >>> reward = RewardModelScorer(tiny_reward(tokenizer))
+    >>> away = SteeringTerm(reward, -2.0, name="away")
+    >>> ramp = SteeringTerm(reward, BetaSchedule(4.0, "linear", start=0.0, steps=4), make_transform("invert"), "ramp")
+    >>> [ramp.weight(step) for step in range(5)]
+    [0.0, 1.0, 2.0, 3.0, 4.0]
+    >>> logits = torch.randn(2, len(tokenizer))
+    >>> sessions = [t.reward.start(["", ""], tokenizer) for t in (away, ramp)]
+    >>> step = reweight(logits, 3, [away, ramp], sessions, step=2)
+    >>> rho = step.rewards["away"]  # [batch_size, k] = [2, 3]
+    >>> bool(torch.allclose(step.combined, step.topk_logits - 2.0 * rho + 2.0 * (1 - rho)))
+    True
+
+    ```
+    """
 
     reward: Reward
     beta: float | BetaSchedule

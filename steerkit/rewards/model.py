@@ -81,7 +81,48 @@ OUTPUT_FUNCTIONS = {
 
 
 class RewardModel(nn.Module):
-    """Causal backbone + scalar head. ``forward`` returns per-position rewards in [0, 1]."""
+    r"""A unidirectional reward model: (the first blocks of) a causal LM plus a scalar head read at every position.
+
+    `ρ_t = f(head(h_t))` with `f` the config's output function (`sigmoid`, or `clamp` to [0, 1] as in the RAD
+    paper), so one forward gives the reward of every prefix, and a KV cache of the text so far lets decoding
+    score k candidates at the cost of k new positions.
+
+    Args:
+        backbone (`nn.Module`):
+            The decoder of any `AutoModelForCausalLM` whose blocks form a list (Llama, Qwen, Gemma, SmolLM,
+            GPT-2, GPT-NeoX, Phi, OPT, ...), possibly truncated to its first `config.num_layers` blocks.
+        config (`RewardModelConfig`):
+            Name, attribute, backbone reference and fingerprint, layers kept, output function, training method.
+        tokenizer (*optional*):
+            The backbone's tokenizer (`encode` and `score_texts` need it).
+
+    `forward(input_ids, attention_mask=None, position_ids=None, past_key_values=None)` takes ids of shape
+    `(batch_size, sequence_length)` and returns a `RewardOutput` whose `rewards` have the same shape.
+    Build one with `from_backbone(reference, num_layers)` or `from_causal_lm(lm, tokenizer)`, train it with
+    `steerkit train`, and reload it with `from_pretrained(directory)` (safetensors only).
+
+    Examples:
+
+    ```python
+    >>> import torch
+    >>> from steerkit import RewardModel
+    >>> from steerkit.testing import make_tokenizer, tiny_lm
+    >>> tokenizer = make_tokenizer()
+    >>> rm = RewardModel.from_causal_lm(tiny_lm(tokenizer, layers=3), tokenizer, num_layers=2, name="tiny")
+    >>> rm.config.num_layers, rm.config.output_function
+    (2, 'sigmoid')
+    >>> enc = rm.encode(["You are wonderful", "I hate it"])
+    >>> rewards = rm(enc["input_ids"], attention_mask=enc["attention_mask"]).rewards
+    >>> rewards.shape == enc["input_ids"].shape
+    True
+    >>> bool(((rewards >= 0) & (rewards <= 1)).all())
+    True
+    >>> scores = rm.score_texts(["You are wonderful", "I hate it"])  # the reward of each whole text
+    >>> len(scores), all(0 <= s <= 1 for s in scores)
+    (2, True)
+
+    ```
+    """
 
     def __init__(self, backbone: nn.Module, config: RewardModelConfig, tokenizer=None):
         super().__init__()
