@@ -70,14 +70,12 @@ def _validate_prompts(prompts: Sequence[str]) -> list[str]:
 
 
 def sample_token(scores: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Sample one token per row from softmax(scores / T), computed as softmax((scores − row max) / T).
+    """Sample one token per row from softmax(scores / T).
 
-    Softmax is shift-invariant, so this is the same distribution (bit-identical at T = 1, where torch's softmax
-    subtracts the row max itself), but a tiny T cannot overflow: the best candidate gets 0, the others
-    -inf, and decoding becomes greedy instead of failing on inf − inf = NaN.
+    :func:`~steerkit.steering.reweight` returns scores whose row maximum is 0, so a tiny T cannot overflow:
+    the best candidate gets 0, the others -inf, and sampling becomes greedy instead of failing on NaN.
     """
-    shifted = scores - scores.amax(dim=-1, keepdim=True)
-    probs = torch.softmax(shifted / temperature, dim=-1)
+    probs = torch.softmax(scores / temperature, dim=-1)
     return torch.multinomial(probs, num_samples=1).squeeze(1)
 
 

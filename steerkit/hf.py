@@ -107,5 +107,4 @@ class RewardAugmentedLogitsProcessor(LogitsProcessor):
         self._last_ids = input_ids.clone()
         step = input_ids.shape[1] - self._prompt_length
         self.last_step = reweight(scores, self.k, self.terms, self._sessions, step)
-        out = self.last_step.scores
-        return (out - out.amax(dim=-1, keepdim=True)).to(scores.dtype)
+        return self.last_step.scores.to(scores.dtype)  # row max 0 (see reweight): safe for any temperature

@@ -228,7 +228,7 @@ class SteeringTerm:
 
 @dataclass
 class StepResult:
-    scores: torch.Tensor  # [B, V]: reweighted top-k logits, -inf elsewhere
+    scores: torch.Tensor  # [B, V]: reweighted top-k logits minus the row's best, -inf elsewhere
     topk_ids: torch.Tensor  # [B, k]
     topk_logits: torch.Tensor  # [B, k]
     rewards: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [B, k]
@@ -293,7 +293,11 @@ def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: 
         ok = ok & torch.isfinite(reward_sum).all()
     if not ok:
         _raise_non_finite(topk_ids, topk_logits, rewards, terms, step)
-    scores = torch.full_like(logits, float("-inf"), dtype=torch.float32).scatter_(1, topk_ids, combined)
+    # Shifted so that each row's best candidate scores 0 (softmax and argmax are shift-invariant): dividing by
+    # a tiny temperature then gives 0 and -inf instead of inf - inf = NaN, for steerkit.generate and for
+    # transformers' temperature after the LogitsProcessor alike. Done on [B, k], not on the [B, V] scores.
+    shifted = combined - combined.amax(dim=-1, keepdim=True)
+    scores = torch.full_like(logits, float("-inf"), dtype=torch.float32).scatter_(1, topk_ids, shifted)
     return StepResult(scores, topk_ids, topk_logits, rewards, combined)
 
 

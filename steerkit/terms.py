@@ -67,31 +67,22 @@ def build_terms(rewards: Mapping | Sequence | None, *, backend: str = DEFAULT_BA
         raise InvalidArgumentError(f"{forms}; got {type(rewards).__name__} {rewards!r}.")
     else:
         items = list(rewards)
-    parsed = []
+    pairs: list = []  # SteeringTerms and checked (reference, beta) pairs; nothing is loaded until all are checked
     for i, item in enumerate(items):
         if isinstance(item, SteeringTerm):
-            parsed.append(item)
+            pairs.append(item)
             continue
         if not (isinstance(item, (tuple, list)) and len(item) == 2):
             raise InvalidArgumentError(f"{forms}; item {i} is {item!r}.")
         ref, beta = item
-        if not isinstance(ref, str) and not callable(getattr(ref, "start", None)):
+        if isinstance(ref, str):
+            if not ref:
+                raise InvalidArgumentError(f"Reward {i} has an empty reference; name a registered reward or a directory.")
+            check_unicode(ref, f"Reward reference {i}")
+        elif not callable(getattr(ref, "start", None)):
             raise InvalidArgumentError(f"Reward {i} ({ref!r}) is neither a reward reference (a registered name or a "
                                        "reward-model directory) nor a Reward object with a start() method.")
-        if isinstance(ref, str) and not ref:
-            raise InvalidArgumentError(f"Reward {i} has an empty reference; name a registered reward or a directory.")
-        if isinstance(ref, str):
-            check_unicode(ref, f"Reward reference {i}")
-        parsed.append((ref, beta))
-    for item in parsed:  # every beta is checked before any reward model is loaded
-        if not isinstance(item, SteeringTerm) and not isinstance(item[1], BetaSchedule):
-            label = item[0] if isinstance(item[0], str) else getattr(item[0], "name", "?")
-            validate_beta(item[1], f"beta for reward {label!r}")
-    terms = []
-    for item in parsed:
-        if isinstance(item, SteeringTerm):
-            terms.append(item)
-            continue
-        ref, beta = item
-        terms.append(build_term(ref, beta, backend=backend))
-    return terms
+        if not isinstance(beta, BetaSchedule):
+            validate_beta(beta, f"beta for reward {ref if isinstance(ref, str) else getattr(ref, 'name', '?')!r}")
+        pairs.append((ref, beta))
+    return [item if isinstance(item, SteeringTerm) else build_term(*item, backend=backend) for item in pairs]
