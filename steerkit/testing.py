@@ -73,3 +73,37 @@ def tiny_reward(tokenizer, seed: int = 1, layers: int = 2, name: str = "tiny", *
     torch.manual_seed(seed + 100)
     torch.nn.init.normal_(rm.head.weight, std=0.5)  # spread rewards so that steering is visible
     return rm
+
+
+def save_tiny_lm(directory, tokenizer, seed: int = 0, **kw):
+    """A tiny LM and its tokenizer saved as a transformers directory (a valid LM or backbone reference)."""
+    from pathlib import Path
+
+    tiny_lm(tokenizer, seed=seed, **kw).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return Path(directory)
+
+
+POSITIVE_PHRASES = ["I love this movie", "wonderful friend", "so much fun", "great and happy", "you are wonderful"]
+NEGATIVE_PHRASES = ["I hate it", "terrible and awful", "stupid thing", "this is bad", "awful stupid movie"]
+
+
+def labelled_review(i: int) -> tuple[str, int]:
+    """The i-th of a small, learnable labelled set: (two phrases of one polarity and the index, 1 if positive)."""
+    label = i % 2
+    phrases = POSITIVE_PHRASES if label else NEGATIVE_PHRASES
+    return f"{phrases[i % 5]} and {phrases[(i // 5) % 5]} {i}", label
+
+
+def write_distribution(site, entry_point: str, distribution: str, version: str, module: str, source: str) -> None:
+    """A fake installed package in ``site`` (a directory put on ``sys.path``): ``module.py`` with ``source``, and
+    ``.dist-info`` metadata declaring ``entry_point`` in steerkit's entry-point group. For testing plugin loading."""
+    from pathlib import Path
+
+    site = Path(site)
+    (site / f"{module}.py").write_text(source, encoding="utf-8")
+    info = site / f"{distribution.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {distribution}\nVersion: {version}\n",
+                                   encoding="utf-8")
+    (info / "entry_points.txt").write_text(f"[steerkit]\n{entry_point} = {module}\n", encoding="utf-8")

@@ -8,7 +8,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from tiny import make_tokenizer, tiny_lm, tiny_reward  # noqa: E402
+from tiny import make_tokenizer, save_tiny_lm, tiny_lm, tiny_reward  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -31,10 +31,7 @@ def reward_model(tokenizer):
 @pytest.fixture
 def tiny_backbone_dir(tmp_path_factory, tokenizer):
     """A tiny causal LM saved as a transformers directory: a valid backbone reference."""
-    path = tmp_path_factory.mktemp("backbone")
-    tiny_lm(tokenizer, seed=3).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_lm(tmp_path_factory.mktemp("backbone"), tokenizer, seed=3)
 
 
 def smollm2_installed() -> bool:
@@ -51,6 +48,13 @@ requires_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"labelled d
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Every test starts with one torch thread (the console script, run in-process, may choose another)."""
+    torch.set_num_threads(1)
+    yield
 
 
 # Tiny models run fastest single-threaded, and one thread keeps the suite robust on a busy 2-core machine.

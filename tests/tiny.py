@@ -1,3 +1,5 @@
 """The tiny models of the test suite live in :mod:`steerkit.testing` (also used by the docstring examples)."""
 
-from steerkit.testing import CORPUS, make_tokenizer, tiny_lm, tiny_reward  # noqa: F401
+from steerkit.testing import (  # noqa: F401
+    CORPUS, labelled_review, make_tokenizer, save_tiny_lm, tiny_lm, tiny_reward, write_distribution,
+)

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from tiny import make_tokenizer, tiny_lm
+from tiny import make_tokenizer, save_tiny_lm
 
 from steerkit.cli import main
 from steerkit.rewards.model import RewardModel
@@ -24,9 +24,7 @@ BOMB = "\n".join(['a: &a ["x","x","x","x","x","x","x","x","x"]']
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli-errors")
     tok = make_tokenizer()
-    lm_dir = root / "lm"
-    tiny_lm(tok, seed=5).save_pretrained(lm_dir)
-    tok.save_pretrained(lm_dir)
+    lm_dir = save_tiny_lm(root / "lm", tok, seed=5)
     rm = RewardModel.from_backbone(str(lm_dir), 1, name="tiny-rm")
     rm_dir = rm.save_pretrained(root / "rm")
     nan_rm = RewardModel.from_backbone(str(lm_dir), 1, name="nan-rm")

@@ -21,14 +21,6 @@ FLAGS = dict(prompts=[], field=None, limit=None, offset=None, lm=None, reward=No
              scorers=[], eval_lm=None, output=None, threads=None)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def flags(**kw):
     return {**FLAGS, **kw}
 

@@ -33,17 +33,6 @@ class HasO(BaseScorer):
         return [1.0 if "o" in t else 0.0 for t in texts]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: a single intra-op thread is 10-30x faster on a shared 2-core machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def prompt_file(tmp_path):
     path = tmp_path / "prompts.jsonl"

@@ -22,6 +22,7 @@ from steerkit import registry
 from steerkit.rewards.loading import get_reward
 from steerkit.cli import app, main
 from steerkit.errors import PluginConflictError, PluginError
+from steerkit.testing import write_distribution
 
 PREFER = "STEERKIT_PREFER"  # the documented name, spelled out
 
@@ -66,11 +67,7 @@ PACKAGES = {
 
 def write_plugin(site, ep_name, dist, version, module, names, description, extra=""):
     source = textwrap.dedent(REWARD).format(names=names, origin=dist, description=description) + extra
-    (site / f"{module}.py").write_text(source, encoding="utf-8")
-    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text(f"[steerkit]\n{ep_name} = {module}\n", encoding="utf-8")
+    write_distribution(site, ep_name, dist, version, module, source)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ from steerkit import registry
 from steerkit.rewards.loading import get_reward
 from steerkit.rewards.packaged import reward_model_factory
 from steerkit.errors import PluginError
+from steerkit.testing import write_distribution
 
 GOOD = '''
 import torch
@@ -96,11 +97,7 @@ def register_reward_models(register):
 
 
 def write_plugin(site, ep_name, dist, version, module, source):
-    (site / f"{module}.py").write_text(textwrap.dedent(source), encoding="utf-8")
-    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text(f"[steerkit]\n{ep_name} = {module}\n", encoding="utf-8")
+    write_distribution(site, ep_name, dist, version, module, textwrap.dedent(source))
 
 
 @pytest.fixture

@@ -16,14 +16,6 @@ from steerkit.rewards.scorer import RewardModelScorer
 from steerkit.terms import build_term, terms_from_specs
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def reward_dir(tmp_path, tiny_backbone_dir):
     from steerkit.rewards.model import RewardModel

@@ -20,26 +20,20 @@ pytest.importorskip("peft")
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = ROOT / "tests"
 
-POSITIVE = ["I love this movie", "wonderful friend", "so much fun", "great and happy", "you are wonderful"]
-NEGATIVE = ["I hate it", "terrible and awful", "stupid thing", "this is bad", "awful stupid movie"]
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """A tiny backbone saved as a transformers directory, and a small labelled JSONL file."""
     sys.path.insert(0, str(TESTS))
-    from tiny import make_tokenizer, tiny_lm
+    from tiny import labelled_review, make_tokenizer, save_tiny_lm
 
     root = tmp_path_factory.mktemp("train")
-    tok = make_tokenizer()
-    lm = tiny_lm(tok, seed=3)
-    lm.save_pretrained(root / "backbone")
-    tok.save_pretrained(root / "backbone")
+    save_tiny_lm(root / "backbone", make_tokenizer(), seed=3)
     with open(root / "reviews.jsonl", "w", encoding="utf-8") as fh:
         for i in range(120):
-            label = i % 2
-            words = (POSITIVE if label else NEGATIVE)[i % 5], (POSITIVE if label else NEGATIVE)[(i // 5) % 5]
-            fh.write(json.dumps({"review": {"text": f"{words[0]} and {words[1]} {i}", "stars": 1 + 4 * label}}) + "\n")
+            text, label = labelled_review(i)
+            fh.write(json.dumps({"review": {"text": text, "stars": 1 + 4 * label}}) + "\n")
     (root / "test.txt").write_text("I love this movie and so much fun\n", encoding="utf-8")
     return root
 
