@@ -17,17 +17,14 @@ from safetensors.torch import load_file
 
 pytest.importorskip("peft")
 
-ROOT = Path(__file__).resolve().parents[2]
-TESTS = ROOT / "tests"
+from steerkit.testing import labelled_review, make_tokenizer, save_tiny_lm  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """A tiny backbone saved as a transformers directory, and a small labelled JSONL file."""
-    sys.path.insert(0, str(TESTS))
-    from tiny import labelled_review, make_tokenizer, save_tiny_lm
-
     root = tmp_path_factory.mktemp("train")
     save_tiny_lm(root / "backbone", make_tokenizer(), seed=3)
     with open(root / "reviews.jsonl", "w", encoding="utf-8") as fh:

@@ -14,6 +14,8 @@ import pytest
 
 pytest.importorskip("peft")
 
+from steerkit.testing import labelled_review, make_tokenizer, save_tiny_lm  # noqa: E402
+
 from steerkit.errors import CheckpointError, ConfigError, DataError, OutputExistsError  # noqa: E402
 from steerkit.training import TrainConfig  # noqa: E402
 from steerkit.training.checkpoint import clean_interrupted_writes, remove_checkpoints  # noqa: E402
@@ -21,16 +23,11 @@ from steerkit.training.data import DataSource, build_dataset  # noqa: E402
 from steerkit.training.trainer import Callbacks, train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-TESTS = ROOT / "tests"
-
 
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     """A tiny backbone saved as a transformers directory, and a small labelled JSONL file."""
-    sys.path.insert(0, str(TESTS))
-    from tiny import labelled_review, make_tokenizer, save_tiny_lm
-
     root = tmp_path_factory.mktemp("safety")
     save_tiny_lm(root / "backbone", make_tokenizer(), seed=3)
     with open(root / "reviews.jsonl", "w", encoding="utf-8") as fh:
