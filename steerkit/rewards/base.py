@@ -5,6 +5,10 @@ decoding step the session scores the k candidate tokens of each row (``score``) 
 token was appended (``commit``). Token ids are the *language model's*; a session translates them to its
 own tokenizer when the families differ.
 
+A continuous-batching decoder (``steerkit.serving``) also changes the rows of a live session: rows leave
+(``keep_rows``) and newcomers join (``add_rows``) between steps. Both are optional: a session without them
+(see :func:`supports_row_changes`) is run by such a decoder as one session per row.
+
 Backends (torch, onnxruntime) implement :class:`ScoringCache`: the incremental KV state of one reward
 model over B rows, in the reward model's own token space.
 """
@@ -24,6 +28,28 @@ class RewardSession(Protocol):
     def commit(self, tokens: torch.Tensor) -> None:
         """Append the chosen LM token of each row [B] to the scored text."""
 
+    def keep_rows(self, index: torch.LongTensor) -> None:
+        """Keep only rows ``index`` [B'] (distinct old row numbers), in that order: new row ``i`` is old row
+        ``index[i]``; every other row is dropped and its state freed.
+
+        Called between steps (after ``commit``, before the next ``score``); a pending ``score`` whose
+        ``commit`` has not come is discarded. Afterwards ``score`` takes ``[B', k]`` candidates and every kept
+        row scores exactly what it scored before (the same text, the same rewards up to float rounding).
+        An empty ``index`` is allowed (a session of zero rows, which a decoder normally discards instead).
+        """
+
+    def add_rows(self, other: "RewardSession") -> None:
+        """Append the rows of ``other`` after this session's rows (B + B' rows; ``other``'s row ``j``
+        becomes row ``B + j``).
+
+        ``other`` was started by the *same* :class:`Reward` object (``reward.start(newcomer_prefixes,
+        lm_tokenizer)``) and may have committed tokens of its own; it is consumed: do not use it afterwards.
+        Called between steps, like :meth:`keep_rows`; pending scores of both sessions are discarded.
+        Caches of different lengths are merged by left-padding the shorter one with masked columns, so
+        every row's rewards are those of scoring its own text alone, from scratch (up to float rounding).
+        Raises ``TypeError`` when ``other`` is not a session of the same kind.
+        """
+
 
 @runtime_checkable
 class Reward(Protocol):
@@ -31,6 +57,16 @@ class Reward(Protocol):
 
     def start(self, prefixes: list[str], lm_tokenizer) -> RewardSession:
         """Begin scoring B rows whose text so far is ``prefixes`` (empty strings for continuation-only scoring)."""
+
+
+def supports_row_changes(session) -> bool:
+    """True when ``session`` implements :meth:`RewardSession.keep_rows` and :meth:`RewardSession.add_rows`.
+
+    A session may also declare ``supports_row_changes = False`` (e.g. when its backend cache lacks them)."""
+    flag = getattr(session, "supports_row_changes", None)
+    if flag is not None:
+        return bool(flag)
+    return callable(getattr(session, "keep_rows", None)) and callable(getattr(session, "add_rows", None))
 
 
 class ScoringCache(Protocol):
@@ -52,3 +88,9 @@ class ScoringCache(Protocol):
 
     def rollback(self, counts: torch.Tensor) -> None:
         """Forget the last ``counts[b]`` real tokens of each row."""
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` [B'] in that order (see :meth:`RewardSession.keep_rows`)."""
+
+    def add_rows(self, other: "ScoringCache") -> None:
+        """Append the rows of a cache of the same model, left-padding the shorter KV with masked columns."""

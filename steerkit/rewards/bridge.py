@@ -292,6 +292,35 @@ class BridgedSession:
             self.cache.append(ids, mask)
 
 
+    # -- rows leaving and joining ---------------------------------------------------------------------
+    @property
+    def supports_row_changes(self) -> bool:
+        return bool(getattr(self.cache, "supports_row_changes", False))
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` in that order (:meth:`RewardSession.keep_rows`): the per-row token state
+        (texts, LM ids, stable boundaries) and the cache rows alike; a pending score is discarded."""
+        rows = [int(i) for i in torch.as_tensor(index).tolist()]
+        self._pending = None
+        for name in self._ROW_STATE:
+            values = getattr(self, name)
+            setattr(self, name, [values[b] for b in rows])
+        self.cache.keep_rows(torch.tensor(rows, dtype=torch.long))
+
+    def add_rows(self, other: "BridgedSession") -> None:
+        """Append the rows of a session that the same reward started (:meth:`RewardSession.add_rows`)."""
+        if not isinstance(other, BridgedSession) or other.model is not self.model:
+            raise TypeError("add_rows needs a BridgedSession started by the same reward")
+        self._pending = other._pending = None
+        for name in self._ROW_STATE:
+            getattr(self, name).extend(getattr(other, name))
+        self._empty_rewards.update(other._empty_rewards)
+        self._byte_tokens.update(other._byte_tokens)
+        self.cache.add_rows(other.cache)
+
+    _ROW_STATE = ("prefixes", "texts", "lm_ids", "stable", "cached")
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):

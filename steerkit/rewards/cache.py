@@ -9,7 +9,9 @@ keeps and which a rollback drops. A backend subclasses it and supplies only what
 * :meth:`~SharedPrefixCache._store` keeps the KV of an appended prefix extension;
 * :meth:`~SharedPrefixCache._discard_blocks` forgets the KV of the pending candidate blocks;
 * :meth:`~SharedPrefixCache._keep_block` keeps one block's KV per row after the cached columns;
-* :meth:`~SharedPrefixCache._truncate` crops the cached KV to its first columns.
+* :meth:`~SharedPrefixCache._truncate` crops the cached KV to its first columns;
+* :meth:`~SharedPrefixCache._take_rows` and :meth:`~SharedPrefixCache._join_rows` select / merge rows (for
+  rows leaving and joining a running batch); a backend without them still works everywhere except there.
 
 Shapes: B rows, k candidate blocks of m tokens each, T cached columns (``length``).
 """
@@ -65,6 +67,21 @@ class SharedPrefixCache(ABC):
     @abstractmethod
     def _truncate(self, keep: int) -> None:
         """Keep only the first ``keep`` columns of the cached KV."""
+
+    def _take_rows(self, index: torch.Tensor, start: int) -> None:
+        """Keep rows ``index`` [B'] of the cached KV, and only its columns from ``start`` on."""
+        raise NotImplementedError(f"{type(self).__name__} cannot drop or reorder rows")
+
+    def _join_rows(self, other: "SharedPrefixCache", pad_self: int, pad_other: int) -> None:
+        """Make the cached KV this cache's rows, left-padded by ``pad_self`` columns, followed by ``other``'s
+        rows left-padded by ``pad_other`` columns (both then have the same length). Padding is never attended
+        to (its mask is False), so its values do not matter; zeros are fine."""
+        raise NotImplementedError(f"{type(self).__name__} cannot merge rows")
+
+    @property
+    def supports_row_changes(self) -> bool:
+        cls = type(self)
+        return cls._take_rows is not SharedPrefixCache._take_rows and cls._join_rows is not SharedPrefixCache._join_rows
 
     # -- the ScoringCache contract ----------------------------------------------------------------
     @property
@@ -132,3 +149,37 @@ class SharedPrefixCache(ABC):
         if keep < self.length:
             self._truncate(keep)
             self.mask = self.mask[:, :keep]
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` [B'] in that order; drop the others (see ``RewardSession.keep_rows``). Leading
+        columns that no kept row uses (left padding of a longer row that left) are dropped too."""
+        self._drop_pending()
+        index = torch.as_tensor(index, dtype=torch.long).to(self.device)
+        mask = self.mask.index_select(0, index)
+        used = mask.any(0)
+        start = int(used.nonzero()[0].item()) if used.any() else self.length
+        self._take_rows(index, start)
+        self.mask = mask[:, start:]
+        self.next_pos = self.next_pos.index_select(0, index)
+
+    def add_rows(self, other: "SharedPrefixCache") -> None:
+        """Append ``other``'s rows (a cache of the same model and backend) after this cache's rows. The
+        shorter cache is left-padded with masked columns; positions stay per row, so rewards do not change."""
+        if type(other) is not type(self):
+            raise TypeError(f"cannot add the rows of a {type(other).__name__} to a {type(self).__name__}")
+        self._drop_pending()
+        other._drop_pending()
+        width = max(self.length, other.length)
+        pad_self, pad_other = width - self.length, width - other.length
+        self._join_rows(other, pad_self, pad_other)
+        self.mask = torch.cat([_left_pad(self.mask, pad_self), _left_pad(other.mask.to(self.device), pad_other)])
+        self.next_pos = torch.cat([self.next_pos, other.next_pos.to(self.device)])
+
+
+def _left_pad(mask: torch.Tensor, columns: int) -> torch.Tensor:
+    return torch.cat([mask.new_zeros((mask.shape[0], columns)), mask], dim=1) if columns else mask
+
+
+def left_pad_kv(t: torch.Tensor, columns: int) -> torch.Tensor:
+    """A KV tensor [B, heads, T, d] with ``columns`` zero columns in front: [B, heads, columns + T, d]."""
+    return torch.nn.functional.pad(t, (0, 0, columns, 0)) if columns else t

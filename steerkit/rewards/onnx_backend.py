@@ -33,7 +33,7 @@ import torch
 
 from ..errors import ExportError
 from .attention import additive, append_mask_4d
-from .cache import SharedPrefixCache, pick_columns
+from .cache import SharedPrefixCache, left_pad_kv, pick_columns
 from .model import CONFIG_NAME, RewardModel
 from .onnx_export import INSTALL_HINT, ensure_cached_export, model_content_hash, reward_dir_hash
 from .onnx_manifest import MODEL_FILE, is_export_dir, verify_export
@@ -263,3 +263,10 @@ class OnnxScoringCache(SharedPrefixCache):
 
     def _truncate(self, keep: int) -> None:
         self.past = [t[:, :, :keep] for t in self.past]
+
+    def _take_rows(self, index: torch.Tensor, start: int) -> None:
+        self.past = [t.index_select(0, index.to(t.device))[:, :, start:] for t in self.past]
+
+    def _join_rows(self, other: "OnnxScoringCache", pad_self: int, pad_other: int) -> None:
+        self.past = [torch.cat([left_pad_kv(a, pad_self), left_pad_kv(b.to(a.device), pad_other)])
+                     for a, b in zip(self.past, other.past)]

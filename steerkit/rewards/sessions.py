@@ -36,3 +36,19 @@ class SameTokenizerSession:
         if redo.any():
             self.cache.rollback(redo.long())
             self.cache.append(tokens[:, None], redo[:, None])
+
+    @property
+    def supports_row_changes(self) -> bool:
+        return bool(getattr(self.cache, "supports_row_changes", False))
+
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` in that order (:meth:`RewardSession.keep_rows`); a pending score is discarded."""
+        self._candidates = None
+        self.cache.keep_rows(index)
+
+    def add_rows(self, other: "SameTokenizerSession") -> None:
+        """Append the rows of a session of the same reward (:meth:`RewardSession.add_rows`)."""
+        if not isinstance(other, SameTokenizerSession):
+            raise TypeError(f"cannot add the rows of a {type(other).__name__} to a SameTokenizerSession")
+        self._candidates = other._candidates = None
+        self.cache.add_rows(other.cache)

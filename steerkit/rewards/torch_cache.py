@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from .attention import additive
-from .cache import SharedPrefixCache, pick_columns
+from .cache import SharedPrefixCache, left_pad_kv, pick_columns
 from .model import RewardModel
 
 
@@ -53,3 +53,14 @@ class TorchScoringCache(SharedPrefixCache):
 
     def _truncate(self, keep: int) -> None:
         self.cache.crop(-(self.length - keep))
+
+    def _take_rows(self, index: torch.Tensor, start: int) -> None:
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
+            layer.values = layer.values.index_select(0, index)[:, :, start:]
+
+    def _join_rows(self, other: "TorchScoringCache", pad_self: int, pad_other: int) -> None:
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            for name in ("keys", "values"):
+                a, b = getattr(mine, name), getattr(theirs, name).to(self.device)
+                setattr(mine, name, torch.cat([left_pad_kv(a, pad_self), left_pad_kv(b, pad_other)]))
