@@ -63,6 +63,12 @@ def train(
     checkpoint_every: Optional[int] = typer.Option(None, "--checkpoint-every"),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="Default: OUTPUT.checkpoints"),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads."),
+    device: Optional[str] = typer.Option(None, "--device", help="cpu (default), cuda, cuda:1, mps."),
+    leave_out: List[str] = typer.Option([], "--leave-out", help="Hold this source (name or group) out of training "
+                                        "and test on it; repeatable."),
+    cross_source: Optional[Path] = typer.Option(None, "--cross-source", help="Leave-one-source-out validation: "
+                                                "train one model per left-out source (plus one on all) into this "
+                                                "directory and write cross_source.json/.md; rerun to resume."),
     name: Optional[str] = typer.Option(None, "--name", help="Reward name (shown in cards and traces)."),
     attribute: Optional[str] = typer.Option(None, "--attribute", help="What ρ measures."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the newest checkpoint."),
@@ -88,6 +94,7 @@ def train(
         "max_length": max_length, "steps": steps, "epochs": epochs, "batch_size": batch_size, "lr": lr,
         "seed": seed, "eval_every": eval_every, "checkpoint_every": checkpoint_every, "threads": threads,
         "checkpoint_dir": checkpoint_dir, "name": name, "attribute": attribute, "data_root": data_root,
+        "device": device, "leave_out": leave_out or None,
     }
     if data:
         overrides["data"] = [_source(p, text, label, label_value, transform) for p in data]
@@ -107,6 +114,12 @@ def train(
     if data_root is None and cfg.data_root is None and os.environ.get("STEERKIT_DATA_ROOT"):
         err.print(f"data root from $STEERKIT_DATA_ROOT: {os.environ['STEERKIT_DATA_ROOT']}")
     try:
+        if cross_source is not None:
+            from ..training.cross_source import run_cross_source
+
+            report = run_cross_source(cfg, cross_source, progress=not quiet and not as_json)
+            typer.echo(json.dumps(report) if as_json else (cross_source / "cross_source.md").read_text("utf-8"))
+            return
         result = run_training(cfg, resume=resume, overwrite=overwrite, progress=not quiet and not as_json)
     except KeyboardInterrupt as exc:
         err.print(f"[yellow]interrupted:[/] {exc or 'no checkpoint written'}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from .config import TrainConfig
 
 # Licences of the public sets steerkit is developed with (see the data README); a source's own
@@ -74,6 +77,12 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
     method = {"lora": f"LoRA (r={lora.r}, alpha={lora.alpha}, on {', '.join(lora.target_modules or ['the attention projections'])}) + scalar head",
               "head": "scalar head over a frozen backbone",
               "full": "full fine-tune of the kept layers + scalar head"}[config.method]
+    if getattr(config, "kind", "sequence") == "token":  # a token-level head (steerkit.rewards.token_model)
+        rank = config.token_head.rank
+        method = method.replace("scalar head", "token-level head") + (
+            f" (ρ(prefix, v) = σ(⟨W h, e_v⟩{' + b·h' if config.token_head.baseline else ''} + c), W "
+            f"{'d×d' if rank is None else f'of rank {rank}'}, e_v the frozen output embeddings"
+            + (f"; distilled from `{config.distill.teacher}`" if config.distill else "") + ")")
     out = [
         f"# `{config.name}` reward model",
         "",
@@ -100,8 +109,10 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
         "the first half of each text's tokens.",
         "",
     ]
-    if metrics.get("eval"):
-        out += ["Held-out test sets:", ""] + _metrics_table(metrics["eval"]) + [""]
+    tests = {k: v for k, v in (metrics.get("eval") or {}).items() if " / " not in k}
+    functional = {k: v for k, v in (metrics.get("eval") or {}).items() if " / " in k}
+    if tests:
+        out += ["Held-out test sets:", ""] + _metrics_table(tests) + [""]
         lengths = sorted({m.get("max_length") or config.max_length for m in metrics["eval"].values()})
         out += [f"Test texts are truncated to their first {', '.join(str(x) for x in lengths)} tokens (start token "
                 "included), as in training: long texts are judged on their opening only.", ""]
@@ -109,13 +120,21 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
         out += [f"Dev split, held out from training (seeded {config.dev_fraction:.0%} of each training source, at most "
                 f"{config.dev_max_per_source} rows each; rows of one file line stay on one side):", ""]
         out += _metrics_table(metrics["dev"]) + [""]
+    if functional:
+        out += functional_table(functional)
+    out += cross_source_section(config)
     out += ["## Training data", "",
-            "| source | file | rows used | train | dev | skipped invalid | duplicates / eval overlap | licence |",
-            "|---|---|---:|---:|---:|---:|---:|---|"]
-    for source, stats in zip(config.data, metrics.get("data", [])):
+            "| source | file | rows used | train | dev | augmented copies | skipped invalid | duplicates / eval "
+            "overlap | weight | licence |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    by_name = {s.display_name: s for s in config.data}
+    for stats in metrics.get("data", []):
+        source = by_name.get(stats["name"])
+        weight, licence = (source.weight, licence_for(source.path, source.licence)) if source else (1.0, "")
         out.append(f"| {stats['name']} | `{stats['path']}` | {stats['used']} | {stats['train']} | {stats['dev']} | "
-                   f"{stats['skipped']} | {stats['duplicates']} | {licence_for(source.path, source.licence)} |")
+                   f"{stats.get('augmented', 0)} | {stats['skipped']} | {stats['duplicates']} | {weight:g} | {licence} |")
     out.append("")
+    out += augmentation_lines(config, metrics.get("augmentation") or {})
     if config.eval:
         out += ["Held-out test files (texts also present in training files were removed from training):", ""]
         for source in config.eval:
@@ -131,7 +150,7 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
         f"seed {config.seed}",
         f"- {_num(training.get('train_seconds'), 0)} s training + {_num(training.get('eval_seconds'), 0)} s evaluation "
         f"on {hw.get('cpu', 'unknown CPU')} ({hw.get('cpu_count')} cores, {hw.get('torch_threads')} torch "
-        f"thread{'s' if hw.get('torch_threads') != 1 else ''}, no GPU), torch {hw.get('torch')}",
+        f"thread{'s' if hw.get('torch_threads') != 1 else ''}, {hw.get('gpu') or 'no GPU'}), torch {hw.get('torch')}",
         f"- Reproduce: `{_reproduce(config)}` (same seed and data files: their sha256 are in `metrics.json`)",
         "",
         "## Intended use",
@@ -152,3 +171,61 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
             out.append(f"- `{source.path}`: {licence}")
     out.append("")
     return "\n".join(out)
+
+
+def functional_table(rows: dict[str, dict]) -> list[str]:
+    """Per-category results of a functional test set (``by: category``): most categories hold one class only,
+    so the mean ρ and the share judged correctly at 0.5 are the measures; AUROC where both classes occur."""
+    lines = ["Functional test cases (hand-written, per category; `expected` is the share labelled positive):", "",
+             "| set / category | n | expected | mean ρ | correct at 0.5 | AUROC |", "|---|---:|---:|---:|---:|---:|"]
+    for name, m in rows.items():
+        lines.append(f"| {name} | {m['n']} | {_num(m['positive_rate'], 2)} | {_num(m['mean_reward'])} | "
+                     f"{_num(m['accuracy'])} | {_num(m['auroc'])} |")
+    return lines + [""]
+
+
+def cross_source_lines(report: dict) -> list[str]:
+    """The leave-one-source-out matrix of a ``cross_source.json``: one row per training run (all sources, or all
+    but one), one column per source; a cell is that run's dev metric on the source, or, on the diagonal (bold),
+    its metric on the whole source it never saw."""
+    columns = report["sources"]
+    metric = report.get("metric", "auroc")
+    label = {"auroc": "AUROC", "accuracy": "accuracy@0.5"}[metric]
+    lines = [f"| trained on ↓ / {label} on → | " + " | ".join(columns) + " | mean left-out |",
+             "|---|" + "---:|" * (len(columns) + 1)]
+    for fold in report["folds"]:
+        cells = []
+        for column in columns:
+            m = fold["cells"].get(column)
+            value = _num(m.get(metric)) if m else "–"
+            cells.append(f"**{value}**" if column == fold.get("left_out") else value)
+        held = fold.get("left_out_metric")
+        lines.append(f"| {fold['name']} | " + " | ".join(cells) + f" | {_num(held) if held is not None else ''} |")
+    return lines
+
+
+def cross_source_section(config: TrainConfig) -> list[str]:
+    if not config.cross_source or not Path(config.cross_source).is_file():
+        return []
+    report = json.loads(Path(config.cross_source).read_text(encoding="utf-8"))
+    return ["## Leave-one-source-out validation", "",
+            f"Each row is a model trained with the same recipe for {report.get('steps')} steps, on all sources or "
+            "on all but one. Off the diagonal: the metric on that source's dev split; on the diagonal (bold): on "
+            f"up to {report.get('leave_out_limit')} rows of the source the run never saw, which measures "
+            "generalisation to a new source rather than in-distribution fit. "
+            f"Reproduce: `{report.get('command', '')}`.", ""] + cross_source_lines(report) + [""]
+
+
+def augmentation_lines(config: TrainConfig, info: dict) -> list[str]:
+    if not config.augment.views:
+        return []
+    lines = ["Surface-form augmentation (training split only; a copy of a seeded share of each source's rows):", ""]
+    for view in config.augment.views:
+        where = f" of {', '.join(view.sources)}" if view.sources else ""
+        label = f" with label ≥ {view.min_label:g}" if view.min_label is not None else ""
+        lines.append(f"- {' + '.join(view.transforms)}: {view.rate:.0%} of the rows{where}{label}")
+    if info.get("obfuscation_lexicon_size"):
+        lines.append(f"- `obfuscate` perturbs the {info['obfuscation_lexicon_size']} words most indicative of the "
+                     "positive class in the training data (letter swaps, dropped letters, spaced-out letters, "
+                     "leetspeak, a starred vowel)")
+    return lines + [f"- {info.get('copies', 0)} augmented rows in all", ""]

@@ -18,13 +18,19 @@ from typing import ClassVar, Literal
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from ..config import ValidatedConfig, load_config_file
+from ..devices import DeviceName
+from ..errors import ConfigError
 from ..models import DEFAULT_LM
-from ..rewards.model import LoraSettings
+from ..rewards.model import LoraSettings, TokenHeadSettings
+from .augment import AugmentConfig
 from .data import DataSource
+from .distill_config import DistillConfig
 
 DATA_ROOT_ENV = "STEERKIT_DATA_ROOT"
 DEFAULT_LR = {"head": 1e-3, "lora": 5e-4, "full": 5e-5}
-_PATH_FIELDS = ("data_root", "output_dir", "checkpoint_dir", "card")
+#: what ``data_from: OTHER.yaml`` takes from the other config (keys set in this file win)
+DATA_KEYS = ("data_root", "data", "eval", "dev_fraction", "dev_max_per_source", "dedup", "augment")
+_PATH_FIELDS = ("data_root", "output_dir", "checkpoint_dir", "card", "cross_source")
 
 
 class TrainConfig(ValidatedConfig):
@@ -39,6 +45,11 @@ class TrainConfig(ValidatedConfig):
     backbone: str = Field(default=DEFAULT_LM, min_length=1)
     num_layers: int | None = Field(default=None, ge=1, description="Keep the first N transformer layers")
     method: Literal["lora", "head", "full"] = "lora"
+    kind: Literal["sequence", "token"] = Field(default="sequence", description="token: a token-level head that "
+                                               "scores every next token from the prefix (docs/training.md)")
+    token_head: TokenHeadSettings = TokenHeadSettings()
+    distill: DistillConfig | None = Field(default=None, description="kind token: fit a sequence reward model's "
+                                          "scores of sampled top-k candidates instead of the labels")
     lora: LoraSettings = LoraSettings()
     max_length: int = Field(default=64, ge=2, description="Tokens per text, start token included")
 
@@ -49,6 +60,14 @@ class TrainConfig(ValidatedConfig):
     dev_fraction: float = Field(default=0.05, ge=0, lt=1)
     dev_max_per_source: int | None = Field(default=1000, ge=1)
     dedup: bool = True
+    augment: AugmentConfig = AugmentConfig()
+    leave_out: list[str] = Field(default=[], description="Sources (name or group) held out of training whole and "
+                                 "evaluated as a test set: one fold of leave-one-source-out validation")
+    leave_out_limit: int | None = Field(default=2000, ge=1, description="Rows of a left-out source to evaluate on")
+    selection_metric: Literal["auroc", "accuracy"] = Field(
+        default="auroc", description="The metric of the leave-one-source-out matrix (and of choosing a recipe)")
+    cross_source: str | None = Field(default=None, description="cross_source.json of `steerkit train --cross-source` "
+                                     "to report in the model card")
 
     # optimisation
     loss: Literal["cumulative", "last"] = "cumulative"
@@ -61,6 +80,7 @@ class TrainConfig(ValidatedConfig):
     warmup_fraction: float = Field(default=0.05, ge=0, lt=1)
     grad_clip: float | None = Field(default=1.0, gt=0)
     threads: int | None = Field(default=None, ge=1, description="torch threads (default: torch's own)")
+    device: DeviceName = Field(default=None, description="cpu (default), cuda, cuda:1, mps ...")
 
     # evaluation and checkpoints
     eval_every: int = Field(default=200, ge=1, description="Dev evaluation every N steps (on eval_limit rows)")
@@ -87,10 +107,19 @@ class TrainConfig(ValidatedConfig):
         path = Path(path)
         data = load_config_file(path)
         base = path.resolve().parent
+        include = data.pop("data_from", None)  # the data recipe of another config in this directory (token variants)
+        if isinstance(include, str):
+            shared = load_config_file(base / include)
+            data = {**{k: shared[k] for k in DATA_KEYS if k in shared}, **data}
         for key in _PATH_FIELDS:
             value = data.get(key)
             if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
                 data[key] = str(base / value)
+        for key in ("data", "eval"):  # sources that live next to the config (e.g. functional tests under tests/)
+            for source in data.get(key) or []:
+                if isinstance(source, dict) and source.get("relative_to") == "config" and isinstance(
+                        source.get("path"), str) and not Path(source["path"]).expanduser().is_absolute():
+                    source["path"] = str(base / source["path"])
         if os.environ.get(DATA_ROOT_ENV):  # the environment overrides the file; flags (overrides) win over both
             data["data_root"] = os.environ[DATA_ROOT_ENV]
         config = cls.from_dict({**data, **(overrides or {})}, source=str(path))
@@ -106,6 +135,25 @@ class TrainConfig(ValidatedConfig):
     @property
     def source_file(self) -> str | None:
         return self._source_file
+
+    def split_leave_out(self) -> tuple[list[DataSource], list[DataSource]]:
+        """(training sources, left-out sources turned into test sets) for ``leave_out``."""
+        if not self.leave_out:
+            return list(self.data), []
+        known = {n for s in self.data for n in (s.display_name, s.metrics_name)}
+        unknown = [n for n in self.leave_out if n not in known]
+        if unknown:
+            raise ConfigError(f"leave_out names {unknown} match no training source; the sources are "
+                              f"{sorted(known)} (a name or a group).")
+        out = set(self.leave_out)
+        kept = [s for s in self.data if not {s.display_name, s.metrics_name} & out]
+        if not kept:
+            raise ConfigError("leave_out removes every training source; leave at least one in.")
+        held = [s.model_copy(update={"group": f"left out: {s.metrics_name}", "skip_invalid": True,
+                                     "limit": min(s.limit or self.leave_out_limit or 10**9,
+                                                  self.leave_out_limit or 10**9)})
+                for s in self.data if {s.display_name, s.metrics_name} & out]
+        return kept, held
 
     # -- derived values -------------------------------------------------------------------------
     def resolved_data_root(self) -> Path | None:
@@ -124,9 +172,13 @@ class TrainConfig(ValidatedConfig):
         """What a checkpoint must agree with to be resumed: everything that shapes the training trajectory."""
         ignore = {"eval_every", "eval_limit", "eval_batch_size", "checkpoint_every", "keep_checkpoints",
                   "output_dir", "checkpoint_dir", "keep_checkpoint_dir", "card", "intended_use", "limitations",
-                  "threads", "data_root", "attribute", "name", "overwrite"}
+                  "threads", "data_root", "attribute", "name", "overwrite", "device", "cross_source",
+                  "selection_metric"}
+        if self.kind == "sequence":  # the token-level fields leave sequence runs' fingerprints as they were
+            ignore |= {"kind", "token_head", "distill"}
         payload = {k: v for k, v in self.model_dump(mode="json").items() if k not in ignore}
         for key in ("data", "eval"):
-            payload[key] = [{k: v for k, v in d.items() if k not in {"name", "licence"}} for d in payload[key]]
+            payload[key] = [{k: v for k, v in d.items() if k not in {"name", "licence", "relative_to"}}
+                            for d in payload[key]]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import DataError
 from .sources import DataSource
+from .surface import apply_transforms
 
 csv.field_size_limit(1 << 24)
 
@@ -35,6 +36,7 @@ class Example:
     label: float
     source: int  # index of the DataSource
     line: int
+    category: str | None = None  # the value of the source's `by` field (per-category metrics)
 
 
 @dataclass
@@ -47,6 +49,7 @@ class SourceStats:
     duplicates: int = 0
     train: int = 0
     dev: int = 0
+    augmented: int = 0  # augmented copies added to the training split
     sha256: str = ""
     licence: str | None = None
     skip_reasons: dict[str, int] = field(default_factory=dict)
@@ -85,8 +88,8 @@ def _dotted(record, dotted: str):
     return value
 
 
-def _rows(source: DataSource, path: Path) -> Iterator[tuple[int, object, object]]:
-    """Yield (line number, raw text, raw label) for each record of a file."""
+def _rows(source: DataSource, path: Path) -> Iterator[tuple[int, object, object, str | None]]:
+    """Yield (line number, raw text, raw label, category or None) for each record of a file."""
     fmt = source.file_format(path)
     content = _decode(path)
     if fmt == "lines":
@@ -94,7 +97,7 @@ def _rows(source: DataSource, path: Path) -> Iterator[tuple[int, object, object]
             raise DataError(f"{path}: a plain-text file has no columns; use `label_value` instead of `label`.")
         for number, line in enumerate(_lines(content), start=1):
             if line.strip():
-                yield number, line, source.label_value
+                yield number, line, source.label_value, None
         return
     if fmt == "jsonl":
         for number, line in enumerate(_lines(content), start=1):
@@ -107,7 +110,7 @@ def _rows(source: DataSource, path: Path) -> Iterator[tuple[int, object, object]
             try:
                 text = _dotted(record, source.text)
             except KeyError as exc:
-                yield number, _RowProblem(f"missing text field {exc.args[0]!r}{_keys_hint(record)}", "text missing"), None
+                yield number, _RowProblem(f"missing text field {exc.args[0]!r}{_keys_hint(record)}", "text missing"), None, None
                 continue
             if source.label is None:
                 label = source.label_value
@@ -115,9 +118,15 @@ def _rows(source: DataSource, path: Path) -> Iterator[tuple[int, object, object]
                 try:
                     label = _dotted(record, source.label)
                 except KeyError as exc:
-                    yield number, _RowProblem(f"missing label field {exc.args[0]!r}{_keys_hint(record)}", "label missing"), None
+                    yield number, _RowProblem(f"missing label field {exc.args[0]!r}{_keys_hint(record)}", "label missing"), None, None
                     continue
-            yield number, text, label
+            category = None
+            if source.by is not None:
+                try:
+                    category = str(_dotted(record, source.by))
+                except KeyError as exc:
+                    raise DataError(f"{path}:{number}: missing `by` field {exc.args[0]!r}{_keys_hint(record)}.") from None
+            yield number, text, label, category
         return
     delimiter = "\t" if fmt == "tsv" else ","
     quoting = csv.QUOTE_NONE if source.quoting == "none" else csv.QUOTE_MINIMAL
@@ -129,11 +138,12 @@ def _rows(source: DataSource, path: Path) -> Iterator[tuple[int, object, object]
     except csv.Error as exc:
         raise DataError(f"{path}:1: malformed header ({exc}).") from None
     columns = {name.strip(): i for i, name in enumerate(header)}
-    for wanted in (source.text, source.label):
+    for wanted in (source.text, source.label, source.by):
         if wanted is not None and wanted not in columns:
             raise DataError(f"{path}:1: missing column {wanted!r}; the header has {sorted(columns)}.")
     text_col = columns[source.text]
     label_col = columns[source.label] if source.label is not None else None
+    by_col = columns[source.by] if source.by is not None else None
     line = reader.line_num + 1
     while True:
         try:
@@ -145,12 +155,13 @@ def _rows(source: DataSource, path: Path) -> Iterator[tuple[int, object, object]
         start, line = line, reader.line_num + 1
         if not row or (len(row) == 1 and not row[0].strip()):
             continue
-        needed = max(text_col, label_col if label_col is not None else 0)
+        needed = max(text_col, label_col if label_col is not None else 0, by_col if by_col is not None else 0)
         if len(row) <= needed:
             yield start, _RowProblem(f"row has {len(row)} fields, expected at least {needed + 1} (columns "
-                                     f"{list(columns)}); check the delimiter and quoting", "row too short"), None
+                                     f"{list(columns)}); check the delimiter and quoting", "row too short"), None, None
             continue
-        yield start, row[text_col], (row[label_col] if label_col is not None else source.label_value)
+        yield (start, row[text_col], (row[label_col] if label_col is not None else source.label_value),
+               row[by_col] if by_col is not None else None)
 
 
 class _RowProblem(str):
@@ -173,7 +184,7 @@ def read_source(source: DataSource, index: int, data_root: Path | None, seed: in
     path = source.resolve(data_root)
     stats = SourceStats(name=source.display_name, path=source.path, licence=source.licence)
     examples: list[Example] = []
-    for number, raw_text, raw_label in _rows(source, path):
+    for number, raw_text, raw_label, category in _rows(source, path):
         stats.rows += 1
         problem = kind = None
         if isinstance(raw_text, _RowProblem):
@@ -198,13 +209,15 @@ def read_source(source: DataSource, index: int, data_root: Path | None, seed: in
         text = raw_text
         for old, new in source.replace.items():
             text = text.replace(old, new)
+        if source.transforms:
+            text = apply_transforms(text, source.transforms, set(), f"{seed}:view:{source.path}:{number}")
         if not text.strip():
             if source.skip_invalid:
                 stats.skipped += 1
                 stats.skip_reasons["text empty"] = stats.skip_reasons.get("text empty", 0) + 1
                 continue
             raise DataError(f"{path}:{number}: text is empty after the `replace` substitutions.")
-        examples.append(Example(text.strip(), label, index, number))
+        examples.append(Example(text.strip(), label, index, number, category))
     if not examples:
         raise DataError(f"{path}: no usable rows ({stats.rows} read, {stats.skipped} skipped as invalid).")
     if source.limit is not None and len(examples) > source.limit:

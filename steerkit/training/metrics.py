@@ -80,13 +80,16 @@ def predict(model, token_rows: list[list[int]], *, batch_size: int = 64, fractio
     final = [math.nan] * len(token_rows)
     prefix = {f: [math.nan] * len(token_rows) for f in fractions}
     was_training = model.training
+    device = next(model.parameters()).device
     model.eval()
     try:
         for s in range(0, len(order), batch_size):
             idx = order[s:s + batch_size]
             batch = collate([token_rows[i] for i in idx], start, pad)
+            batch = {k: v.to(device) for k, v in batch.items()}
             rewards = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                            position_ids=batch["position_ids"]).rewards.float()
+                            position_ids=batch["position_ids"]).rewards.float().cpu()
+            batch = {k: v.cpu() for k, v in batch.items()}
             for i, v in zip(idx, final_rewards(rewards, batch["attention_mask"]).tolist()):
                 final[i] = v
             for f in fractions:
@@ -96,3 +99,37 @@ def predict(model, token_rows: list[list[int]], *, batch_size: int = 64, fractio
     finally:
         model.train(was_training)
     return final, prefix
+
+
+def final_metrics(model, dataset, dev_rows: list[list[int]], eval_rows: list[list[list[int]]], config) -> dict:
+    """Dev metrics overall and per source (or group); held-out sets pooled by group, and per category of a
+    set's ``by`` field (``"<set> / <category>"``, e.g. the categories of a functional test set)."""
+    out: dict = {"dev": {}, "eval": {}}
+    if dev_rows:
+        final, prefix = predict(model, dev_rows, batch_size=config.eval_batch_size)
+        labels = [e.label for e in dataset.dev]
+        groups: dict[str, list[int]] = {"all": list(range(len(labels)))}
+        for i, e in enumerate(dataset.dev):
+            groups.setdefault(dataset.sources[e.source].metrics_name, []).append(i)
+        for name, idx in groups.items():
+            out["dev"][name] = _subset(final, labels, prefix, idx)
+    pooled: dict[str, tuple[list, list, list, int]] = {}
+    for (source, examples, _), rows in zip(dataset.eval_sets, eval_rows):
+        entry = pooled.setdefault(source.metrics_name, ([], [], [], source.max_length or config.max_length))
+        entry[0].extend(rows)
+        entry[1].extend(e.label for e in examples)
+        entry[2].extend(e.category for e in examples)
+    for name, (rows, labels, categories, max_length) in pooled.items():
+        final, prefix = predict(model, rows, batch_size=config.eval_batch_size)
+        out["eval"][name] = {**summarise(final, labels, prefix), "max_length": max_length}
+        by_category: dict[str, list[int]] = {}
+        for i, c in enumerate(categories):
+            if c is not None:
+                by_category.setdefault(c, []).append(i)
+        for category, idx in sorted(by_category.items()):
+            out["eval"][f"{name} / {category}"] = {**_subset(final, labels, prefix, idx), "max_length": max_length}
+    return out
+
+
+def _subset(final, labels, prefix, idx) -> dict:
+    return summarise([final[i] for i in idx], [labels[i] for i in idx], {f: [v[i] for i in idx] for f, v in prefix.items()})

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import DataError
+from .surface import Transform
 
 Format = Literal["auto", "csv", "tsv", "jsonl", "lines"]
 _SUFFIX_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl",
@@ -101,6 +102,12 @@ class DataSource(BaseModel):
     group: str | None = Field(default=None, description="Sources with the same group are pooled in metrics "
                               "(e.g. a file of toxic and a file of normal sentences -> one AUROC)")
     licence: str | None = None
+    relative_to: Literal["data_root", "config"] = Field(
+        default="data_root", description="A relative path is relative to data_root, or to the config file's directory")
+    transforms: list[Transform] = Field(default=[], description="Surface-form transforms applied to every text as "
+                                        "it is read (e.g. a detokenized view of a tokenized test set)")
+    by: str | None = Field(default=None, description="Evaluation sets: also report metrics per value of this "
+                           "column / dotted path (e.g. the category of a functional test case)")
 
     @model_validator(mode="after")
     def _one_label(self):

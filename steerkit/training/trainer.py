@@ -22,10 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import platform
 import random
-import signal
 import sys
 import time
 import warnings
@@ -35,16 +32,19 @@ from typing import Callable
 
 import torch
 
+from ..devices import resolve_device
 from ..threads import set_threads
 from ..errors import CheckpointError, ConfigError, RewardModelFormatError
 from ..rewards.model import RewardModel, lora_config, resolve_lora
 from .checkpoint import (LATEST_NAME, STATE_NAME, clean_interrupted_writes, has_checkpoints, load_checkpoint,
                          optimizer_from_tensors, remove_checkpoints, save_checkpoint)
+from .augment import augment
 from .config import TrainConfig
 from .data import Dataset, build_dataset, collate, epoch_indices, length_grouped_batches, tokenize
 from .loss import LOSSES
 from .output import check_checkpoint_dir, check_output_dir, write_output
-from .metrics import predict, summarise
+from .metrics import final_metrics, predict, summarise
+from .runtime import StopRequest, hardware, log
 
 
 @dataclass
@@ -67,8 +67,15 @@ class Callbacks:
 def build_model(config: TrainConfig) -> RewardModel:
     """A fresh reward model set up for ``config.method`` (seeded, so two builds are identical)."""
     torch.manual_seed(config.seed)
-    model = RewardModel.from_backbone(config.backbone, config.num_layers, name=config.name,
-                                      attribute=config.attribute, max_length=config.max_length)
+    if config.kind == "token":  # a token-level head (rewards/token_model.py); LoRA, freezing and loop as below
+        from ..rewards.token_model import TokenRewardModel
+
+        model = TokenRewardModel.from_backbone(config.backbone, config.num_layers, name=config.name,
+                                               attribute=config.attribute, max_length=config.max_length,
+                                               head=config.token_head)
+    else:
+        model = RewardModel.from_backbone(config.backbone, config.num_layers, name=config.name,
+                                          attribute=config.attribute, max_length=config.max_length)
     lora = None
     if config.method == "lora":  # default targets resolved from the backbone's family and saved explicitly
         try:
@@ -79,6 +86,8 @@ def build_model(config: TrainConfig) -> RewardModel:
         "method": config.method, "lora": lora, "tokenizer": config.backbone})  # stated explicitly in the saved config
     if config.method in {"head", "lora"}:
         model.backbone.requires_grad_(False)
+    else:  # "full" fine-tunes the kept transformer layers; the token embeddings (shared with the LM) stay frozen
+        model.backbone.get_input_embeddings().requires_grad_(False)
     if config.method == "lora":
         try:
             from peft import get_peft_model
@@ -125,53 +134,6 @@ def _tokenize_all(model: RewardModel, dataset: Dataset, config: TrainConfig) -> 
         [run(ex, src.max_length or config.max_length) for src, ex, _ in dataset.eval_sets])
 
 
-class _StopRequest:
-    """Turns SIGINT/SIGTERM into a flag checked between steps (so a checkpoint is never half an update)."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = {}
-
-    def __enter__(self):
-        if threading_main():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:  # second Ctrl-C: stop now
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-def threading_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def _hardware() -> dict:
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "python": platform.python_version(), "gpu": None}
-
-
-def _log(message: str, progress_bar=None) -> None:
-    if progress_bar is not None:
-        progress_bar.write(message, file=sys.stderr)
-    else:
-        print(message, file=sys.stderr, flush=True)
-
-
 def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True,
           callbacks: Callbacks | None = None) -> TrainResult:
     """Train a reward model as configured and write its directory to ``config.output_dir``.
@@ -180,12 +142,25 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     ``output_dir`` and discarding an earlier run's checkpoints; see the module docstring for what is never
     deleted."""
     callbacks = callbacks or Callbacks()
+    if config.distill is not None:  # token-level distillation from a sequence reward model (training/distill.py)
+        from .distill import train_distilled
+
+        return TrainResult(*train_distilled(config, resume=resume, overwrite=overwrite, progress=progress,
+                                            callbacks=callbacks, build=build_model, schedule=learning_rate))
     overwrite = overwrite or config.overwrite
     set_threads(config.threads)  # None: steerkit's default (see steerkit.threads)
+    device = resolve_device(config.device)  # a wrong --device fails before any data is read
     started = time.perf_counter()
     data_root = config.resolved_data_root()
-    dataset = build_dataset(config.data, config.eval, data_root, seed=config.seed, dev_fraction=config.dev_fraction,
-                            dev_max_per_source=config.dev_max_per_source, dedup=config.dedup)
+    sources, left_out = config.split_leave_out()
+    dataset = build_dataset(sources, config.eval + left_out, data_root, seed=config.seed,
+                            dev_fraction=config.dev_fraction, dev_max_per_source=config.dev_max_per_source,
+                            dedup=config.dedup)
+    added, copies, lexicon = augment(dataset.train, [(s.display_name, s.metrics_name) for s in sources],
+                                     config.augment, config.seed, [s.path for s in sources])
+    dataset.train.extend(added)  # training split only: dev and test rows are never augmented
+    for index, count in copies.items():
+        dataset.stats[index].augmented = count
     data_hashes = {s.path: s.sha256 for s in dataset.stats + [st for _, _, st in dataset.eval_sets]}
     if not dataset.dev and not dataset.eval_sets:
         # Only reachable with dev_fraction 0 (build_dataset raises when a dev split is asked for and impossible).
@@ -207,7 +182,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         created_ckpt_dir = _state_flag(ckpt_dir, "created_checkpoint_dir", default=config.checkpoint_dir is None)
         remove_checkpoints(ckpt_dir, remove_dir=False)  # only the checkpoints: anything else there stays
 
-    model = build_model(config)
+    model = build_model(config).to(device)
     tokens = _tokenize_all(model, dataset, config)
     params = trainable_parameters(model)
     if not params:
@@ -219,7 +194,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     start_id = model.config.start_token_id
 
-    weights = [s.weight for s in config.data]
+    weights = [s.weight for s in sources]
     lengths = [len(r) for r in tokens.train]
     batches_per_epoch = len(length_grouped_batches(epoch_indices(dataset.train, weights, config.seed, 0), lengths,
                                                    config.batch_size, config.seed, 0))
@@ -231,7 +206,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     resumed_from = None
     if resume:
         for leftover in clean_interrupted_writes(ckpt_dir):  # killed checkpoint writes would pile up otherwise
-            _log(f"removed {leftover} (left by an interrupted checkpoint write)")
+            log(f"removed {leftover} (left by an interrupted checkpoint write)")
         ckpt = load_checkpoint(ckpt_dir)
         state = ckpt.state
         if state.get("fingerprint") != fingerprint:
@@ -255,7 +230,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         # (checkpoints written before this was recorded: the default OUTPUT.checkpoints is the run's own)
         created_ckpt_dir = bool(state.get("created_checkpoint_dir", config.checkpoint_dir is None))
         resumed_from = ckpt.path.name
-        _log(f"resuming from {ckpt.path} (step {step}/{total})")
+        log(f"resuming from {ckpt.path} (step {step}/{total})")
 
     dev_rng = random.Random(f"{config.seed}:dev-monitor")
     monitor = sorted(dev_rng.sample(range(len(tokens.dev)), min(config.eval_limit, len(tokens.dev))))
@@ -270,7 +245,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
 
         bar = tqdm(total=total, initial=step, desc=f"train {config.name}", unit="step", dynamic_ncols=True,
                    file=sys.stderr, mininterval=0.2 if sys.stderr.isatty() else 10.0)  # logs stay small
-    _log(f"{len(dataset.train)} train / {len(dataset.dev)} dev examples from {len(config.data)} source(s), "
+    log(f"{len(dataset.train)} train / {len(dataset.dev)} dev examples from {len(config.data)} source(s), "
          f"{batches_per_epoch} steps per epoch, {total} steps, method {config.method}, "
          f"{model.config.num_layers} layers, {sum(p.numel() for p in params.values()):,} trainable parameters", bar)
 
@@ -287,15 +262,15 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     loop_start = time.perf_counter()
     examples_seen = 0
     plan_epoch, plan = -1, []
-    with _StopRequest() as stop:
+    with StopRequest() as stop:
         while step < total:
             epoch, index = divmod(step, batches_per_epoch)
             if epoch != plan_epoch:
                 order = epoch_indices(dataset.train, weights, config.seed, epoch)
                 plan, plan_epoch = length_grouped_batches(order, lengths, config.batch_size, config.seed, epoch), epoch
             batch_idx = plan[index]
-            batch = collate([tokens.train[i] for i in batch_idx], start_id, pad)
-            targets = torch.tensor([dataset.train[i].label for i in batch_idx], dtype=torch.float32)
+            batch = {k: v.to(device) for k, v in collate([tokens.train[i] for i in batch_idx], start_id, pad).items()}
+            targets = torch.tensor([dataset.train[i].label for i in batch_idx], dtype=torch.float32, device=device)
             rewards = model(batch["input_ids"], attention_mask=batch["attention_mask"],
                             position_ids=batch["position_ids"]).rewards
             loss = loss_fn(rewards, targets, batch["attention_mask"])
@@ -324,7 +299,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
             if step % config.eval_every == 0 and step < total and monitor:
                 m = dev_metrics(monitor)
                 history.append({"step": step, "dev": {k: m[k] for k in ("mse", "auroc", "accuracy")}})
-                _log(f"step {step}: dev mse {m['mse']:.4f}  auroc {_fmt(m['auroc'])}  acc {m['accuracy']:.3f}  "
+                log(f"step {step}: dev mse {m['mse']:.4f}  auroc {_fmt(m['auroc'])}  acc {m['accuracy']:.3f}  "
                      f"acc@50% {m['accuracy_at_50pct']:.3f}  (n={m['n']})", bar)
             if step % config.checkpoint_every == 0 and step < total:
                 checkpoint(step, elapsed_before + time.perf_counter() - loop_start)
@@ -339,54 +314,34 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     train_seconds = elapsed_before + loop_seconds
 
     eval_start = time.perf_counter()
-    metrics = _final_metrics(model, dataset, tokens, config)
+    metrics = final_metrics(model, dataset, tokens.dev, tokens.eval_sets, config)
+    model.to("cpu")  # saved from the CPU whatever it trained on
     eval_seconds = time.perf_counter() - eval_start
     metrics["training"] = {
         "steps": total, "batch_size": config.batch_size, "examples_seen_this_process": examples_seen,
         "train_seconds": round(train_seconds, 1), "eval_seconds": round(eval_seconds, 1),
         "examples_per_second": round(examples_seen / max(loop_seconds, 1e-9), 2) if examples_seen else None,
         "wall_seconds_this_process": round(time.perf_counter() - started, 1),
-        "resumed_from": resumed_from, "hardware": _hardware(), "method": config.method,
+        "resumed_from": resumed_from, "hardware": hardware(device), "method": config.method,
         "num_layers": model.config.num_layers, "trainable_parameters": sum(p.numel() for p in params.values()),
         "loss": config.loss, "max_length": config.max_length, "lr": config.learning_rate, "seed": config.seed,
     }
     metrics["data"] = [vars(s) for s in dataset.stats]
     metrics["eval_data"] = [vars(s) for _, _, s in dataset.eval_sets]
     metrics["removed_eval_overlap"] = dataset.removed_overlap
+    metrics["augmentation"] = {"views": [v.model_dump() for v in config.augment.views], "copies": len(added),
+                               "obfuscation_lexicon_size": len(lexicon), "obfuscation_lexicon_sample": lexicon[:40]}
+    metrics["left_out"] = list(config.leave_out)
     metrics["history"] = history
     output = write_output(model, config, metrics, overwrite=overwrite)
     if not config.keep_checkpoint_dir:
         remove_checkpoints(ckpt_dir, remove_dir=created_ckpt_dir)
-    _log(f"wrote {output} ({train_seconds:.0f} s training, {eval_seconds:.0f} s evaluation)")
+    log(f"wrote {output} ({train_seconds:.0f} s training, {eval_seconds:.0f} s evaluation)")
     return TrainResult(output, metrics, total, train_seconds)
 
 
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
-
-
-def _final_metrics(model: RewardModel, dataset: Dataset, tokens: _Tokenized, config: TrainConfig) -> dict:
-    """Dev metrics overall and per source (or group); held-out sets pooled by group."""
-    out: dict = {"dev": {}, "eval": {}}
-    if tokens.dev:
-        final, prefix = predict(model, tokens.dev, batch_size=config.eval_batch_size)
-        labels = [e.label for e in dataset.dev]
-        out["dev"]["all"] = summarise(final, labels, prefix)
-        groups: dict[str, list[int]] = {}
-        for i, e in enumerate(dataset.dev):
-            groups.setdefault(config.data[e.source].metrics_name, []).append(i)
-        for name, idx in groups.items():
-            out["dev"][name] = summarise([final[i] for i in idx], [labels[i] for i in idx],
-                                         {f: [v[i] for i in idx] for f, v in prefix.items()})
-    pooled: dict[str, tuple[list, list, int]] = {}
-    for (source, examples, _), rows in zip(dataset.eval_sets, tokens.eval_sets):
-        entry = pooled.setdefault(source.metrics_name, ([], [], source.max_length or config.max_length))
-        entry[0].extend(rows)
-        entry[1].extend(e.label for e in examples)
-    for name, (rows, labels, max_length) in pooled.items():
-        final, prefix = predict(model, rows, batch_size=config.eval_batch_size)
-        out["eval"][name] = {**summarise(final, labels, prefix), "max_length": max_length}
-    return out
 
 
 def _state_flag(ckpt_dir: Path, key: str, default: bool) -> bool:
