@@ -1,0 +1,218 @@
+"""Training features for reward models that generalise: surface-form augmentation, evaluation views,
+per-category metrics, leave-one-source-out validation, --device."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("peft")
+
+from steerkit.errors import ConfigError  # noqa: E402
+from steerkit.testing import labelled_review, make_tokenizer, save_tiny_lm  # noqa: E402
+from steerkit.training.augment import AugmentConfig, augment, mine_lexicon  # noqa: E402
+from steerkit.training.config import TrainConfig  # noqa: E402
+from steerkit.training.data import Example, build_dataset  # noqa: E402
+from steerkit.training.surface import detokenize, obfuscate_word, strip_punctuation, tokenize_spacing  # noqa: E402
+
+
+# -- surface forms ------------------------------------------------------------------------------------------------
+def test_tokenize_spacing_matches_the_sst_form():
+    assert tokenize_spacing("It's a charming, often affecting journey. Don't miss it!") == \
+        "It 's a charming , often affecting journey . Do n't miss it !"
+
+
+def test_detokenize_inverts_the_sst_form_and_capitalises():
+    assert detokenize("it 's a charming , often affecting journey . i do n't like it .") == \
+        "It's a charming, often affecting journey. I don't like it."
+    assert detokenize("-lrb- good -rrb- fun") == "(good) fun"
+
+
+def test_strip_punctuation_keeps_words_and_apostrophes():
+    assert strip_punctuation("Hello, world! Don't... stop?") == "Hello world Don't stop"
+
+
+@pytest.mark.parametrize("u, expected", [(0.05, "iidot"), (0.25, "iiot"), (0.45, "i d i o t"), (0.65, "1d107"),
+                                         (0.85, "id*ot")])
+def test_obfuscate_word_variants(u, expected):
+    assert obfuscate_word("idiot", u) == expected
+
+
+def test_short_words_are_not_obfuscated():
+    assert obfuscate_word("ok", 0.3) == "ok"
+
+
+# -- augmentation ---------------------------------------------------------------------------------------------------
+def _examples():
+    rows = []
+    for i in range(400):
+        toxic = i % 2
+        text = f"You are a moron number {i}." if toxic else f"Thanks for the help number {i}."
+        rows.append(Example(text, float(toxic), source=i % 2, line=i + 1))
+    return rows
+
+
+def test_lexicon_is_mined_from_the_positive_rows():
+    lexicon = mine_lexicon(_examples(), size=10, min_count=5)
+    assert "moron" in lexicon
+    assert "thanks" not in lexicon and "number" not in lexicon  # in both classes, or negative only
+
+
+def test_augment_adds_copies_at_the_rate_and_keeps_labels():
+    train = _examples()
+    config = AugmentConfig(views=[{"transforms": ["lowercase", "tokenize"], "rate": 0.25}])
+    added, copies, _ = augment(train, [("a", "a"), ("b", "b")], config, seed=0, paths=["a.txt", "b.txt"])
+    assert 60 <= len(added) <= 140  # a seeded 25 % of 400 rows
+    originals = {(e.source, e.line): e for e in train}
+    for ex in added:
+        base = originals[(ex.source, ex.line)]
+        assert ex.label == base.label and ex.text == tokenize_spacing(base.text.lower())
+    assert sum(copies.values()) == len(added)
+    again, _, _ = augment(train, [("a", "a"), ("b", "b")], config, seed=0, paths=["a.txt", "b.txt"])
+    assert [e.text for e in again] == [e.text for e in added]  # deterministic: resume sees the same copies
+
+
+def test_augment_respects_sources_and_min_label():
+    train = _examples()
+    config = AugmentConfig(views=[{"transforms": ["obfuscate"], "rate": 1.0, "min_label": 0.5, "sources": ["b"]}])
+    added, copies, lexicon = augment(train, [("a", "a"), ("b", "b")], config, seed=0, paths=["a.txt", "b.txt"])
+    assert added and set(copies) == {1} and all(e.label >= 0.5 for e in added)
+    assert "moron" in lexicon and all("moron" not in e.text for e in added)  # every occurrence perturbed
+
+
+def test_a_copy_that_does_not_change_is_not_added():
+    train = [Example("already lower case", 0.0, 0, 1)]
+    added, _, _ = augment(train, [("a", "a")], AugmentConfig(views=[{"transforms": ["lowercase"], "rate": 1.0}]),
+                          seed=0, paths=["a"])
+    assert added == []
+
+
+# -- data: evaluation views and categories ------------------------------------------------------------------------------
+def test_eval_view_transforms_and_by_category(tmp_path):
+    (tmp_path / "f.jsonl").write_text(
+        "\n".join(json.dumps({"text": t, "label": lab, "category": c}) for t, lab, c in
+                  [("it 's good .", 1, "tokenized"), ("a bad film .", 0, "tokenized"), ("Fine.", 1, "plain")]),
+        encoding="utf-8")
+    (tmp_path / "train.txt").write_text("one\ntwo\nthree\n", encoding="utf-8")
+    from steerkit.training.sources import DataSource
+
+    view = DataSource(path="f.jsonl", label="label", by="category", transforms=["detokenize"])
+    ds = build_dataset([DataSource(path="train.txt", label_value=1)], [view], tmp_path, seed=0, dev_fraction=0.0,
+                       dev_max_per_source=None, dedup=True)
+    examples = ds.eval_sets[0][1]
+    assert [e.text for e in examples] == ["It's good.", "A bad film.", "Fine."]
+    assert [e.category for e in examples] == ["tokenized", "tokenized", "plain"]
+
+
+# -- leave-one-source-out --------------------------------------------------------------------------------------------------
+def _config(tmp_path, **extra) -> TrainConfig:
+    return TrainConfig.from_dict({
+        "output_dir": str(tmp_path / "out"), "data_root": str(tmp_path),
+        "data": [{"path": "a.txt", "label_value": 1, "group": "A"}, {"path": "a0.txt", "label_value": 0, "group": "A"},
+                 {"path": "b.txt", "label_value": 1, "name": "B"}],
+        **extra})
+
+
+def test_leave_out_moves_a_whole_group_to_the_test_sets(tmp_path):
+    kept, held = _config(tmp_path, leave_out=["A"], leave_out_limit=7).split_leave_out()
+    assert [s.path for s in kept] == ["b.txt"]
+    assert [s.path for s in held] == ["a.txt", "a0.txt"]
+    assert {s.metrics_name for s in held} == {"left out: A"} and all(s.limit == 7 for s in held)
+
+
+def test_leave_out_errors(tmp_path):
+    with pytest.raises(ConfigError, match="match no training source"):
+        _config(tmp_path, leave_out=["nope"]).split_leave_out()
+    with pytest.raises(ConfigError, match="every training source"):
+        _config(tmp_path, leave_out=["A", "B"]).split_leave_out()
+
+
+def test_unusable_device_is_a_config_error_before_any_data_is_read(tmp_path):
+    from steerkit.training.trainer import train
+
+    config = _config(tmp_path, device="cuda:7")  # data files do not even exist
+    with pytest.raises(ConfigError, match="cuda"):
+        train(config, progress=False)
+
+
+@pytest.fixture(scope="module")
+def two_sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cv")
+    save_tiny_lm(root / "backbone", make_tokenizer(), seed=3)
+    for name, offset in (("films", 0), ("books", 1000)):
+        with open(root / f"{name}.jsonl", "w", encoding="utf-8") as fh:
+            for i in range(60):
+                text, label = labelled_review(i + offset)
+                fh.write(json.dumps({"text": text, "label": label}) + "\n")
+    (root / "func.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"text": "I love this movie", "label": 1, "category": "pos"},
+        {"text": "so much fun", "label": 1, "category": "pos"},
+        {"text": "I hate it", "label": 0, "category": "neg"}]), encoding="utf-8")
+    return root
+
+
+def test_cross_source_runs_every_fold_resumes_and_reports_the_matrix(two_sources, tmp_path):
+    from steerkit.training.card import render_card
+    from steerkit.training.cross_source import run_cross_source
+
+    config = TrainConfig.from_dict({
+        "backbone": str(two_sources / "backbone"), "method": "lora", "max_length": 16, "data_root": str(two_sources),
+        "output_dir": str(tmp_path / "model"), "steps": 3, "batch_size": 8, "threads": 1, "dev_fraction": 0.2,
+        "data": [{"path": "films.jsonl", "label": "label", "name": "films"},
+                 {"path": "books.jsonl", "label": "label", "name": "books"}],
+        "eval": [{"path": "func.jsonl", "label": "label", "by": "category", "name": "functional"}],
+        "selection_metric": "accuracy"})
+    report = run_cross_source(config, tmp_path / "cv", progress=False)
+    assert report["sources"] == ["films", "books"]
+    assert [f["name"] for f in report["folds"]] == ["all sources", "all but films", "all but books"]
+    for fold in report["folds"][1:]:
+        left = fold["left_out"]
+        assert fold["cells"][left]["n"] == 60  # the whole left-out source, not its dev split
+        assert fold["left_out_metric"] == fold["cells"][left]["accuracy"]
+        other = "books" if left == "films" else "films"
+        assert fold["cells"][other]["n"] < 60  # a dev split
+        metrics = json.loads((tmp_path / "cv" / fold["dir"] / "metrics.json").read_text())
+        assert metrics["left_out"] == [left] and not any("functional" in k for k in metrics["eval"])
+    held = [f["left_out_metric"] for f in report["folds"][1:]]
+    assert report["mean_left_out"] == pytest.approx(sum(held) / 2)
+    assert (tmp_path / "cv" / "cross_source.md").read_text().startswith("| trained on")
+
+    # a rerun trains nothing (every fold has its metrics.json) and gives the same report
+    stamp = (tmp_path / "cv" / "all" / "metrics.json").stat().st_mtime_ns
+    assert run_cross_source(config, tmp_path / "cv", progress=False)["folds"] == report["folds"]
+    assert (tmp_path / "cv" / "all" / "metrics.json").stat().st_mtime_ns == stamp
+
+    # the card of a model trained with the report shows the matrix and the per-category functional results
+    card_config = config.model_copy(update={"cross_source": str(tmp_path / "cv" / "cross_source.json")})
+    metrics = {"eval": {"functional / pos": {"n": 2, "mse": 0.1, "auroc": None, "accuracy": 0.5,
+                                              "positive_rate": 1.0, "mean_reward": 0.6}},
+               "training": {}, "data": []}
+    card = render_card(card_config, metrics)
+    assert "## Leave-one-source-out validation" in card and "| all but films |" in card
+    assert "| functional / pos | 2 | 1.00 | 0.600 | 0.500 | n/a |" in card
+
+
+def test_training_reports_per_category_metrics_and_augmented_copies(two_sources, tmp_path):
+    from steerkit.training.trainer import train
+
+    config = TrainConfig.from_dict({
+        "backbone": str(two_sources / "backbone"), "method": "lora", "max_length": 16, "data_root": str(two_sources),
+        "output_dir": str(tmp_path / "model"), "steps": 2, "batch_size": 8, "threads": 1, "dev_fraction": 0.2,
+        "data": [{"path": "films.jsonl", "label": "label", "name": "films"}],
+        "augment": {"views": [{"transforms": ["lowercase"], "rate": 0.5}]},
+        "eval": [{"path": "func.jsonl", "label": "label", "by": "category", "name": "functional"}]})
+    result = train(config, progress=False)
+    ev = result.metrics["eval"]
+    assert ev["functional"]["n"] == 3 and ev["functional / pos"]["n"] == 2 and ev["functional / neg"]["n"] == 1
+    assert ev["functional / pos"]["positive_rate"] == 1.0
+    stats = result.metrics["data"][0]
+    assert 0 < stats["augmented"] <= stats["train"] and result.metrics["augmentation"]["copies"] == stats["augmented"]
+    card = (Path(result.output_dir) / "README.md").read_text()
+    assert "Functional test cases" in card and "lowercase: 50% of the rows" in card
+
+
+def test_leave_out_changes_the_resume_fingerprint(tmp_path):
+    assert _config(tmp_path).run_fingerprint() != _config(tmp_path, leave_out=["A"]).run_fingerprint()
+    assert _config(tmp_path).run_fingerprint() == _config(tmp_path, device="cpu").run_fingerprint()
