@@ -73,3 +73,15 @@ class OutputExistsError(SteerkitError, FileExistsError):
 
 class SteerkitWarning(UserWarning):
     """A setting that works but is probably not what you want (e.g. a very large k with a sequence reward)."""
+
+
+class ServerBusyError(SteerkitError):
+    """The serving engine's queue is full (``steerkit serve``: HTTP 429); ``retry_after_s`` says when to retry."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ServerShuttingDownError(SteerkitError):
+    """The serving engine is shutting down and admits no new rows (``steerkit serve``: HTTP 503)."""

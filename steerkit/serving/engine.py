@@ -1,0 +1,362 @@
+"""The continuous-batching decode engine behind ``steerkit serve``: one loop, in one background thread, decodes
+every running row; a submitted row joins the batch at the next step and leaves it when it finishes, is
+cancelled or times out.
+
+The contract the HTTP layer codes against (issue 14)::
+
+    engine = Engine(lm, tokenizer, {"toxicity": reward}, default_rewards={"toxicity": -5}, default_k=20,
+                    max_running=16, max_queue=64, observer=metrics)     # or Engine.from_config(config)
+    engine.start()
+    engine.validate(spec)            # typed steerkit errors, raised at once; each carries .param (the field)
+    handle = engine.submit(spec)     # validate + enqueue; ServerBusyError (-> 429) when the queue is full,
+                                     # ServerShuttingDownError (-> 503) after shutdown() began
+    handles = engine.submit_all(specs)   # n > 1: all rows are queued, or none (ServerBusyError)
+    async for event in handle.events(): ...   # TokenEvent ..., then one FinishEvent
+    handle.cancel()                  # the row leaves the batch at the next step
+    engine.stats(); engine.reward_names(); engine.model_name
+    engine.shutdown(deadline_s)      # stop admitting; finish rows in flight until the deadline; cancel the rest
+
+Per step (:meth:`Engine._step`): the LM's next-token logits of every row (kept from the previous forward, or
+from a newcomer's prefill), the top-K at the largest k of the batch, each reward scored only on the rows that
+use it (:mod:`.reward_groups`), each row's choice with its own k, β, temperature and generator
+(:mod:`.sampling`), events out, sessions committed, finished rows dropped, one LM forward for the rest.
+
+**Contract with** :func:`steerkit.generate`: a row with seed ``s`` draws what
+``generate([prompt], lm=(lm, tokenizer), rewards=..., k=..., temperature=..., seed=s, max_new_tokens=...)``
+draws (``do_sample=False`` for temperature 0): the same prefill (each prompt runs alone), the same maths and
+the same random stream. Its tokens are equal whenever batched float arithmetic gives the row the same logits
+and rewards as running alone; ``docs/serving_determinism.md`` says how often it does not. The text differs in
+one way: a stop string ends the completion *before* the stop string (OpenAI), where ``generate`` keeps it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from typing import Mapping, Protocol, Sequence
+
+import torch
+
+from ..decoding import eos_ids
+from ..errors import ServerBusyError, ServerShuttingDownError
+from ..models import context_length
+from ..steering import validate_int, validate_k
+from .lm_cache import LMBatch
+from .requests import FinishEvent, RowHandle, RowSpec, TokenEvent
+from .reward_groups import RewardGroup
+from .row_terms import RewardLookup, row_terms
+from .rows import Row
+from .validation import prepare_row
+from .sampling import choose, row_combined
+
+#: How long the idle loop sleeps between checks for new rows, cancellations and deadlines (seconds).
+IDLE_WAIT_S = 0.05
+
+
+class EngineObserver(Protocol):
+    """What the engine reports (the HTTP layer's metrics implement it). Called from the decode-loop thread;
+    an observer that raises is ignored."""
+
+    def on_step(self, seconds: float, running: int, queued: int) -> None: ...
+
+    def on_reward(self, name: str, seconds: float) -> None: ...
+
+    def on_tokens(self, count: int) -> None: ...
+
+
+class Engine:
+    """See the module docstring. ``rewards`` maps the names requests use to ``Reward`` objects;
+    ``default_rewards`` (the forms ``RowSpec.rewards`` takes) steers rows whose spec says ``rewards=None``."""
+
+    def __init__(self, lm, tokenizer, rewards: Mapping[str, object] | None = None, *, default_rewards=(),
+                 default_k: int = 20, max_running: int = 16, max_queue: int = 64, observer=None,
+                 model_name: str | None = None):
+        self.lm = lm.eval()
+        self.tokenizer = tokenizer
+        config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+        self.vocab_size = config.vocab_size
+        self.context = context_length(lm)
+        self.eos = set(eos_ids(lm, tokenizer))
+        self.lookup = RewardLookup(rewards or {})
+        self.default_k = validate_k(default_k, self.vocab_size)
+        self.default_rewards = default_rewards or None
+        self.default_terms = row_terms(self.default_rewards, self.lookup)  # checked now, rebuilt per row
+        self.max_running = validate_int("max_running", max_running)
+        self.max_queue = validate_int("max_queue", max_queue, 0)
+        self.observer = observer
+        self.model_name = model_name or getattr(config, "_name_or_path", None) or type(lm).__name__
+        self._batch = LMBatch(self.lm)
+        self._running: list[Row] = []
+        self._groups: dict[int, RewardGroup] = {}
+        self._queue: deque[Row] = deque()
+        self._lock = threading.Condition()
+        self._ids = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self._accepting = True
+        self._drain_deadline: float | None = None
+        self._stopped = False
+        self._counts = {"steps": 0, "tokens": 0, "finished": {}}
+        self._row_seconds: float | None = None  # moving average of a row's time in the engine
+
+    @classmethod
+    def from_config(cls, steering_config=None, **limits) -> "Engine":
+        """An engine for a :class:`~steerkit.config.SteeringConfig` (its LM, backend, device, rewards as the
+        default steering, k), serving every installed reward plus the config's own. ``None``: the packaged
+        SmolLM2, every installed reward, no default steering."""
+        from .loading import engine_parts
+
+        parts = engine_parts(steering_config)
+        return cls(parts.lm, parts.tokenizer, parts.rewards, default_rewards=parts.default_rewards,
+                   default_k=parts.k, model_name=parts.model_name, **limits)
+
+    # -- what the HTTP layer calls -----------------------------------------------------------------------
+    def reward_names(self) -> list[str]:
+        return self.lookup.names()
+
+    def validate(self, spec: RowSpec) -> None:
+        """Raise the typed error (with ``.param``) that ``spec`` deserves, or nothing."""
+        prepare_row(self, spec, None)
+
+    def submit(self, spec: RowSpec) -> RowHandle:
+        return self.submit_all([spec])[0]
+
+    def submit_all(self, specs: Sequence[RowSpec]) -> list[RowHandle]:
+        """Validate and queue every spec, or none: ServerBusyError when they do not all fit in the queue."""
+        handles = [RowHandle(next(self._ids), self._wake) for _ in specs]
+        rows = [prepare_row(self, spec, handle) for spec, handle in zip(specs, handles)]
+        with self._lock:
+            if not self._accepting:
+                raise ServerShuttingDownError("The server is shutting down and accepts no new requests; retry on "
+                                              "another instance or after it restarts.")
+            if len(self._queue) + len(rows) > self.max_queue:
+                retry = self._retry_after()
+                raise ServerBusyError(
+                    f"The server is busy: {len(self._running)} rows running and {len(self._queue)} queued (limit "
+                    f"{self.max_queue}); retry in about {retry:.0f} s.", retry_after_s=retry)
+            self._queue.extend(rows)
+            self._lock.notify_all()
+        return handles
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {"running": len(self._running), "queued": len(self._queue), "steps": self._counts["steps"],
+                    "tokens": self._counts["tokens"], "finished": dict(self._counts["finished"]),
+                    "max_running": self.max_running, "max_queue": self.max_queue, "accepting": self._accepting,
+                    "alive": self._thread is not None and self._thread.is_alive()}
+
+    def start(self) -> None:
+        """Start the decode-loop thread (once)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._loop, name="steerkit-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self, deadline_s: float) -> None:
+        """Stop admitting; let queued and running rows finish for up to ``deadline_s`` seconds; cancel the rest
+        (FinishEvent "cancelled"); stop the thread. Blocks until done."""
+        with self._lock:
+            self._accepting = False
+            self._drain_deadline = time.monotonic() + max(0.0, float(deadline_s))
+            self._lock.notify_all()
+            thread = self._thread
+        if thread is None:  # never started: nothing runs, cancel what was queued
+            with self._lock:
+                queued, self._queue = list(self._queue), deque()
+                self._stopped = True
+            for row in queued:
+                self._finish(row, "cancelled")
+            return
+        thread.join()
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        with self._lock:
+            self._lock.notify_all()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                if not self._iterate():
+                    return
+            except Exception as exc:  # noqa: BLE001 - an engine bug must not kill the loop: fail the batch
+                self._fail_all(exc)
+
+    def _iterate(self) -> bool:
+        """One pass: drop cancelled/expired rows, admit newcomers, run one step. False when the loop ends."""
+        now = time.monotonic()
+        with self._lock:
+            draining = self._drain_deadline is not None
+            if draining and (now >= self._drain_deadline or (not self._running and not self._queue)):
+                leftovers, self._queue = list(self._queue), deque()
+                self._stopped = True
+            else:
+                leftovers = None
+                expired = [r for r in self._queue if r.handle.cancelled or r.expired(now)]
+                for row in expired:
+                    self._queue.remove(row)
+                room = self.max_running - len(self._running)
+                admitted = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
+                if not admitted and not self._running and not expired:
+                    self._lock.wait(IDLE_WAIT_S)
+                    return True
+        if leftovers is not None:
+            for row in leftovers:
+                self._finish(row, "cancelled")
+            self._remove({r: ("cancelled", None) for r in self._running})
+            return False
+        for row in expired:
+            self._finish(row, "cancelled" if row.handle.cancelled else "timeout")
+        gone = {r: ("cancelled", None) if r.handle.cancelled else ("timeout", None)
+                for r in self._running if r.handle.cancelled or r.expired(now)}
+        if gone:
+            self._remove(gone)
+        if admitted:
+            self._admit(admitted)
+        if self._running:
+            start = time.perf_counter()
+            self._step()
+            self._notify("on_step", time.perf_counter() - start, len(self._running), len(self._queue))
+        return True
+
+    def _admit(self, rows: list[Row]) -> None:
+        """Prefill each newcomer alone, start its reward sessions, and join it to the batch."""
+        ready, prefilled = [], []
+        for row in rows:
+            try:
+                row.start(self.tokenizer, self._batch.device)
+                prefilled.append(self._batch.prefill(row.prompt_ids))
+                ready.append(row)
+            except Exception as exc:  # noqa: BLE001
+                self._finish(row, "error", exc)
+        failed = {}
+        by_reward: dict[int, list[Row]] = {}
+        for row in ready:
+            for reward in {id(t.reward): t.reward for t in row.terms}.values():
+                by_reward.setdefault(id(reward), []).append(row)
+                if id(reward) not in self._groups:
+                    self._groups[id(reward)] = RewardGroup(_reward_name(reward, self.lookup), reward, self.tokenizer)
+        for key, members in by_reward.items():
+            failed.update(self._groups[key].join(members))
+        self._running += ready
+        self._batch.join(prefilled)
+        if failed:
+            self._remove({r: ("error", e) for r, e in failed.items()})
+
+    def _step(self) -> None:
+        rows = self._running
+        where = {row: b for b, row in enumerate(rows)}
+        logits = self._batch.logits
+        K = max(row.k for row in rows)
+        topk_logits, topk_ids = logits.float().topk(K, dim=-1)
+        rho: dict[int, dict] = {}
+        failed: dict = {}
+        for key, group in self._groups.items():
+            if not group.parts:
+                continue
+            start = time.perf_counter()
+            rho[key], errors = group.score(topk_ids, where)
+            self._notify("on_reward", group.name, time.perf_counter() - start)
+            failed.update(errors)
+        tokens = topk_ids[:, 0].clone()  # failed rows commit their first candidate, then leave
+        finished: dict = {}
+        for b, row in enumerate(rows):
+            if row in failed:
+                continue
+            try:
+                combined, rewards = row_combined(row, topk_logits[b], topk_ids[b],
+                                                 {k: v[row] for k, v in rho.items() if row in v})
+                choice = choose(row, combined, topk_ids[b], self.vocab_size, rewards)
+            except Exception as exc:  # noqa: BLE001 - a non-finite reward (or a broken transform) fails this row
+                failed[row] = exc
+                continue
+            tokens[b] = choice.token
+            row.ids.append(choice.token)
+            reason = self._emit_token(row, choice)
+            if reason is not None:
+                finished[row] = (reason, None)
+        self._counts["steps"] += 1
+        produced = len(rows) - len(failed)
+        self._counts["tokens"] += produced
+        self._notify("on_tokens", produced)
+        for key, group in self._groups.items():
+            if group.parts:
+                start = time.perf_counter()
+                errors = group.commit(tokens, where)
+                self._notify("on_reward", group.name, time.perf_counter() - start)
+                for row, exc in errors.items():
+                    failed.setdefault(row, exc)
+        finished.update({row: ("error", exc) for row, exc in failed.items()})
+        if finished:
+            self._remove(finished)
+        if self._running:
+            keep = [where[row] for row in self._running]
+            self._batch.advance(tokens[torch.tensor(keep, dtype=torch.long, device=tokens.device)])
+
+    def _emit_token(self, row: Row, choice) -> str | None:
+        """Send the row's TokenEvent; its finish reason when this token ends it."""
+        eos = choice.token in self.eos
+        last = eos or len(row.ids) >= row.spec.max_tokens
+        delta, stopped = row.text.push(row.ids[:-1] if eos else row.ids, final=last)
+        row.handle._emit(TokenEvent(delta, choice.token, choice.rewards))
+        if eos or stopped:
+            return "stop"
+        return "length" if last else None
+
+    # -- rows leaving -------------------------------------------------------------------------------------
+    def _remove(self, finished: dict) -> None:
+        """Drop rows from the batch and every reward group, then send their FinishEvents."""
+        gone = set(finished)
+        keep = [b for b, row in enumerate(self._running) if row not in gone]
+        self._running = [self._running[b] for b in keep]
+        if self._batch.size:
+            self._batch.keep(torch.tensor(keep, dtype=torch.long))
+        more = {}
+        for key in list(self._groups):
+            group = self._groups[key]
+            more.update(group.leave(gone))
+            if not group.parts:
+                del self._groups[key]
+        for row, (reason, exc) in finished.items():
+            self._finish(row, reason, exc)
+        if more:  # rows that broke while being rebuilt after a failed keep_rows
+            self._remove({r: ("error", e) for r, e in more.items() if r in self._running})
+
+    def _finish(self, row: Row, reason: str, error: Exception | None = None) -> None:
+        row.finish_reason, row.error = reason, error
+        row.handle._emit(FinishEvent(reason, len(row.prompt_ids), len(row.ids), error))
+        seconds = time.monotonic() - row.handle.submitted
+        with self._lock:
+            self._counts["finished"][reason] = self._counts["finished"].get(reason, 0) + 1
+            self._row_seconds = seconds if self._row_seconds is None else 0.9 * self._row_seconds + 0.1 * seconds
+
+    def _fail_all(self, exc: Exception) -> None:
+        rows, self._running, self._groups = self._running, [], {}
+        self._batch.reset()
+        for row in rows:
+            self._finish(row, "error", exc)
+
+    def _retry_after(self) -> float:
+        """Seconds until the queue has probably moved: the rows ahead over the running slots, times the average
+        time a row spends in the engine (1 s before any row finished); between 1 and 60."""
+        per_row = self._row_seconds or 1.0
+        waves = (len(self._queue) + len(self._running)) / self.max_running
+        return float(min(60.0, max(1.0, math.ceil(per_row * max(waves, 1.0)))))
+
+    def _notify(self, method: str, *args) -> None:
+        if self.observer is None:
+            return
+        try:
+            getattr(self.observer, method)(*args)
+        except Exception:  # noqa: BLE001 - metrics must never break decoding
+            pass
+
+
+def _reward_name(reward, lookup: RewardLookup) -> str:
+    for name, known in lookup.rewards.items():
+        if known is reward:
+            return name
+    return getattr(reward, "name", "reward")

@@ -1,0 +1,105 @@
+"""The language model's side of continuous batching: one KV cache over the running rows, which newcomers join
+(prefilled alone, then left-padded and concatenated) and finished rows leave (``index_select``).
+
+Every row's real tokens are the right-aligned columns of the cache (each step appends one column to every
+row), so the width is the longest row; columns no remaining row uses are cropped when rows leave. Position
+ids are per row (real tokens counted), so a row's positions do not depend on its padding.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from ..errors import InvalidArgumentError
+
+
+class Prefilled:
+    """A newcomer's prompt run through the LM alone: its cache, length and next-token logits [1, V]."""
+
+    def __init__(self, cache: DynamicCache, length: int, logits: torch.Tensor):
+        self.cache, self.length, self.logits = cache, length, logits
+
+
+def _pad_left(t: torch.Tensor, columns: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, 0, columns, 0)) if columns else t
+
+
+class LMBatch:
+    """The running rows' LM state: ``cache`` (a transformers ``DynamicCache`` [B, heads, T, d] per layer),
+    ``mask`` [B, T], next position ``pos`` [B] and the next-token ``logits`` [B, V] (float32)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache: DynamicCache | None = None
+        self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)
+        self.pos = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.logits: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.mask.shape[0]
+
+    @torch.no_grad()
+    def prefill(self, ids: list[int]) -> Prefilled:
+        """Run one prompt alone (as ``steerkit.generate`` runs a batch of one): the same logits whatever else
+        is running."""
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
+        mask = torch.ones_like(input_ids)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        for layer in cache.layers:
+            if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+                raise InvalidArgumentError(
+                    f"{type(self.model).__name__} uses a sliding-window KV cache ({type(layer).__name__}); the "
+                    "serving engine batches full-attention caches only. Serve another LM.")
+        return Prefilled(cache, len(ids), out.logits[:, -1, :].float())
+
+    def join(self, newcomers: list[Prefilled]) -> None:
+        """Append prefilled rows after the running ones (left-padding every cache to the widest)."""
+        if not newcomers:
+            return
+        parts = ([] if self.cache is None else [(self.cache, self.mask)]) + [
+            (p.cache, torch.ones((1, p.length), dtype=torch.long, device=self.device)) for p in newcomers]
+        width = max(mask.shape[1] for _, mask in parts)
+        base = parts[0][0]
+        for i, layer in enumerate(base.layers):
+            for name in ("keys", "values"):
+                tensors = [_pad_left(getattr(c.layers[i], name), width - m.shape[1]) for c, m in parts]
+                setattr(layer, name, torch.cat(tensors))
+        self.mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0)) for _, m in parts])
+        self.pos = torch.cat([self.pos, torch.tensor([p.length for p in newcomers], device=self.device)])
+        logits = [p.logits for p in newcomers]
+        self.logits = torch.cat(([self.logits] if self.cache is not None else []) + logits)
+        self.cache = base
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` [B'] in that order; crop columns no kept row uses."""
+        if len(index) == 0:
+            self.reset()
+            return
+        index = index.to(self.device)
+        mask = self.mask.index_select(0, index)
+        used = mask.bool().any(0)
+        start = int(used.nonzero()[0].item())
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
+            layer.values = layer.values.index_select(0, index)[:, :, start:]
+        self.mask = mask[:, start:]
+        self.pos = self.pos.index_select(0, index)
+        self.logits = self.logits.index_select(0, index)
+
+    @torch.no_grad()
+    def advance(self, tokens: torch.Tensor) -> None:
+        """Append each row's chosen token [B] and compute the next logits."""
+        tokens = tokens.to(self.device)
+        self.mask = torch.cat([self.mask, torch.ones((self.size, 1), dtype=self.mask.dtype, device=self.device)], 1)
+        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.pos[:, None],
+                         past_key_values=self.cache, use_cache=True)
+        self.pos = self.pos + 1
+        self.logits = out.logits[:, -1, :].float()

@@ -1,0 +1,154 @@
+"""Reward sessions over the rows that use them, with rows joining and leaving, and failures kept to one row.
+
+A :class:`RewardGroup` is one reward object and the running rows whose terms use it; only those rows are
+scored (a row without the reward costs it nothing). Its rows live in *parts*, each one reward session:
+
+* normally one part holds every row (newcomers are started together and merged in with ``add_rows``; rows
+  that leave are dropped with ``keep_rows``);
+* a reward whose sessions lack ``keep_rows`` / ``add_rows`` (a plugin's) gets one part per row instead;
+* when a part with several rows raises (in ``score``, ``commit``, ``keep_rows`` or ``add_rows``), nobody can
+  tell which row broke it, so each of its rows is *rebuilt alone*: a fresh session started on the row's
+  prompt, its generated tokens replayed through ``commit``. A row whose own rebuild or scoring raises fails;
+  the others continue in single-row parts (a cost paid only after a failure).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..rewards.base import supports_row_changes
+from .rows import Row
+
+
+@dataclass
+class Part:
+    rows: list[Row]
+    session: object
+    batched: bool  # more rows may join this part (its session supports row changes)
+
+
+class RewardGroup:
+    """One reward and its parts. Methods return ``{row: exception}`` for the rows that failed."""
+
+    def __init__(self, name: str, reward, tokenizer):
+        self.name, self.reward, self.tokenizer = name, reward, tokenizer
+        self.parts: list[Part] = []
+        self.batched: bool | None = None  # unknown until a first session is seen
+
+    @property
+    def rows(self) -> list[Row]:
+        return [r for p in self.parts for r in p.rows]
+
+    # -- rebuilding --------------------------------------------------------------------------------------
+    def _alone(self, row: Row) -> Part:
+        """A single-row part for ``row``, replaying its generated tokens; raises what the reward raises."""
+        session = self.reward.start([row.spec.prompt], self.tokenizer)
+        for token in row.ids:
+            session.commit(torch.tensor([token], dtype=torch.long))
+        return Part([row], session, False)
+
+    def _rebuild(self, rows: list[Row], failed: dict) -> list[Part]:
+        parts = []
+        for row in rows:
+            try:
+                parts.append(self._alone(row))
+            except Exception as exc:  # noqa: BLE001 - the reward's failure is this row's failure
+                failed[row] = exc
+        return parts
+
+    # -- rows joining and leaving ------------------------------------------------------------------------
+    def join(self, rows: list[Row]) -> dict:
+        """Start sessions for newcomers (which have generated nothing yet) and merge them in."""
+        failed: dict = {}
+        try:
+            session = self.reward.start([r.spec.prompt for r in rows], self.tokenizer)
+        except Exception:  # noqa: BLE001 - find the rows that break it
+            self.parts += self._rebuild(rows, failed)
+            return failed
+        if self.batched is None:
+            self.batched = supports_row_changes(session)
+        if not self.batched:
+            if len(rows) == 1:
+                self.parts.append(Part(rows, session, False))
+            else:
+                self.parts += self._rebuild(rows, failed)
+            return failed
+        main = next((p for p in self.parts if p.batched), None)
+        if main is None:
+            self.parts.append(Part(list(rows), session, True))
+            return failed
+        try:
+            main.session.add_rows(session)
+            main.rows += rows
+        except Exception:  # noqa: BLE001 - the merged session is in an unknown state: rebuild every row alone
+            self.parts.remove(main)
+            self.parts += self._rebuild(main.rows + rows, failed)
+        return failed
+
+    def leave(self, gone: set) -> dict:
+        """Drop the rows in ``gone`` (call between steps, after commit)."""
+        failed: dict = {}
+        for part in list(self.parts):
+            keep = [i for i, r in enumerate(part.rows) if r not in gone]
+            if len(keep) == len(part.rows):
+                continue
+            self.parts.remove(part)
+            if not keep:
+                continue
+            rows = [part.rows[i] for i in keep]
+            try:
+                part.session.keep_rows(torch.tensor(keep, dtype=torch.long))
+                self.parts.append(Part(rows, part.session, part.batched))
+            except Exception:  # noqa: BLE001
+                self.parts += self._rebuild(rows, failed)
+        return failed
+
+    # -- a step ------------------------------------------------------------------------------------------
+    def score(self, candidates: torch.Tensor, where: dict) -> tuple[dict, dict]:
+        """Rewards ``{row: [K]}`` of ``candidates`` [B, K] (rows at batch index ``where[row]``), and failures."""
+        out, failed = {}, {}
+        for part in list(self.parts):
+            index = torch.tensor([where[r] for r in part.rows], dtype=torch.long, device=candidates.device)
+            try:
+                rho = self._score(part, candidates.index_select(0, index))
+            except Exception as exc:  # noqa: BLE001
+                self.parts.remove(part)
+                if len(part.rows) == 1:
+                    failed[part.rows[0]] = exc
+                    continue
+                for single in self._rebuild(part.rows, failed):
+                    row = single.rows[0]
+                    try:
+                        out[row] = self._score(single, candidates[where[row]][None])[0]
+                        self.parts.append(single)
+                    except Exception as exc:  # noqa: BLE001
+                        failed[row] = exc
+                continue
+            for row, r in zip(part.rows, rho):
+                out[row] = r
+        return out, failed
+
+    @staticmethod
+    def _score(part: Part, candidates: torch.Tensor) -> torch.Tensor:
+        rho = part.session.score(candidates)
+        if not isinstance(rho, torch.Tensor) or tuple(rho.shape) != tuple(candidates.shape):
+            raise TypeError(f"a reward session's score() returned {type(rho).__name__} of shape "
+                            f"{tuple(getattr(rho, 'shape', ()))}; expected a tensor of shape {tuple(candidates.shape)}")
+        return rho
+
+    def commit(self, tokens: torch.Tensor, where: dict) -> dict:
+        """Tell every part the chosen tokens (rows' ``ids`` already end with them)."""
+        failed: dict = {}
+        for part in list(self.parts):
+            index = torch.tensor([where[r] for r in part.rows], dtype=torch.long, device=tokens.device)
+            try:
+                part.session.commit(tokens.index_select(0, index))
+            except Exception as exc:  # noqa: BLE001
+                self.parts.remove(part)
+                if len(part.rows) == 1:
+                    failed[part.rows[0]] = exc
+                else:
+                    self.parts += self._rebuild(part.rows, failed)  # replays the new tokens too
+        return failed

@@ -1,0 +1,168 @@
+"""The serving engine (steerkit.serving.engine): rows joining and leaving one decode loop give each seeded row
+what ``steerkit.generate`` gives it alone; rows with different k, β, rewards and temperatures share a batch."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import steerkit
+from steerkit.errors import InvalidArgumentError, PromptTooLongError, ServerBusyError, ServerShuttingDownError
+from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.serving.engine import Engine
+from steerkit.serving.requests import FinishEvent, RowSpec, TokenEvent
+
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def reward(reward_model):
+    return RewardModelScorer(reward_model, context="full")
+
+
+@pytest.fixture
+def engine(lm, tokenizer, reward):
+    eng = Engine(lm, tokenizer, {"tiny": reward}, default_k=5, max_running=4, max_queue=16)
+    eng.start()
+    yield eng
+    eng.shutdown(0)
+
+
+def solo(lm, tokenizer, reward, spec: RowSpec, default_k=5, eos=None):
+    """What steerkit.generate gives this spec alone (the engine's contract for a seeded row)."""
+    terms = None
+    if spec.rewards:
+        terms = [steerkit.SteeringTerm(reward, beta, name=name) for name, beta in spec.rewards.items()]
+    out = steerkit.generate([spec.prompt], lm=(lm, tokenizer), rewards=terms, k=spec.k or default_k,
+                            max_new_tokens=spec.max_tokens, seed=spec.seed, do_sample=spec.temperature > 0,
+                            temperature=spec.temperature or 1.0, stop_strings=list(spec.stop) or None,
+                            eos_token_id=eos)
+    n = out.num_new_tokens[0]
+    return out.sequences[0, :n].tolist(), out.texts[0]
+
+
+SPECS = [
+    RowSpec("The quick brown", 12, seed=1, rewards={"tiny": 5.0}),
+    RowSpec("You are", 10, seed=2, temperature=0),
+    RowSpec("Numbers 0123 and", 9, seed=3, k=3, rewards={"tiny": -3.0}),
+    RowSpec("I hate", 14, seed=4, temperature=0.7, k=8),
+    RowSpec("Café déjà vu", 7, seed=5, rewards={"tiny": 1e3}, temperature=1.3),
+    RowSpec("The", 11, seed=6, k=1),
+]
+
+
+def test_mixed_rows_equal_generate_alone(engine, lm, tokenizer, reward):
+    """Different k, β (and none), temperatures (0 = greedy) and lengths in one batch, with more rows than
+    running slots (rows join as others leave): every row equals generate() on that row alone."""
+    handles = engine.submit_all(SPECS)
+    results = [h.result(timeout=TIMEOUT) for h in handles]
+    for spec, res in zip(SPECS, results):
+        ids, text = solo(lm, tokenizer, reward, spec)
+        assert res.token_ids == ids, spec
+        assert res.text == text
+        assert res.finish.finish_reason == ("stop" if ids[-1] == tokenizer.eos_token_id else "length")
+        assert res.finish.completion_tokens == len(ids)
+        assert res.finish.prompt_tokens == len(tokenizer(spec.prompt, add_special_tokens=False)["input_ids"])
+    stats = engine.stats()
+    assert stats["running"] == 0 and stats["queued"] == 0
+    assert stats["finished"] == {"length": len(SPECS)} or sum(stats["finished"].values()) == len(SPECS)
+
+
+def test_a_row_alone_equals_the_row_while_others_join_and_leave(engine):
+    target = RowSpec("You are a wonderful", 40, seed=11, rewards={"tiny": 4.0}, k=6)
+    alone = engine.submit(target).result(timeout=TIMEOUT).token_ids
+    handle = engine.submit(target)
+    events = handle.iter_events(timeout=TIMEOUT)
+    got = []
+    others = []
+    for i, event in enumerate(events):
+        if isinstance(event, FinishEvent):
+            break
+        got.append(event.token_id)
+        if i in (3, 9, 20):  # newcomers join mid-generation; short ones leave again while the target runs
+            others += engine.submit_all([RowSpec("I hate it", 3 + i % 5, seed=i), RowSpec("x", 30, k=9, temperature=0)])
+        if i == 12:
+            others[1].cancel()
+    assert got == alone
+    assert all(o.result(timeout=TIMEOUT).finish.finish_reason in ("length", "stop", "cancelled") for o in others)
+
+
+def test_traces_are_the_rewards_of_the_chosen_tokens(engine, lm, tokenizer, reward):
+    spec = RowSpec("The movie was", 6, seed=3, rewards={"tiny": 2.0}, trace=True)
+    res = engine.submit(spec).result(timeout=TIMEOUT)
+    out = steerkit.generate([spec.prompt], lm=(lm, tokenizer), rewards=[steerkit.SteeringTerm(reward, 2.0, name="tiny")],
+                            k=5, max_new_tokens=6, seed=3, return_traces=True)
+    for step, (token, rewards) in enumerate(zip(res.token_ids, res.rewards)):
+        trace = out.traces[0][step]
+        j = trace.topk_ids[0].tolist().index(token)
+        assert rewards == {"tiny": pytest.approx(trace.rewards["tiny"][0, j].item(), abs=1e-6)}
+
+
+def test_stop_string_ends_the_completion_before_it(engine, lm, tokenizer, reward):
+    free = engine.submit(RowSpec("The quick", 20, seed=8)).result(timeout=TIMEOUT).text
+    stop = free[3:5]
+    assert len(stop) == 2
+    res = engine.submit(RowSpec("The quick", 20, seed=8, stop=(stop,))).result(timeout=TIMEOUT)
+    assert res.finish.finish_reason == "stop"
+    assert res.text == free[: free.index(stop)]
+    _, text = solo(lm, tokenizer, reward, RowSpec("The quick", 20, seed=8, stop=(stop,)))
+    assert text == res.text + stop  # generate() keeps the stop string, the server drops it (OpenAI)
+
+
+def test_events_reach_an_asyncio_consumer(engine):
+    async def run():
+        handle = engine.submit(RowSpec("Hello", 5, seed=1))
+        return [e async for e in handle.events()]
+
+    events = asyncio.run(run())
+    assert [type(e) for e in events] == [TokenEvent] * 5 + [FinishEvent]
+    assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 5
+
+
+@pytest.mark.parametrize("field, value, error, param", [
+    ("prompt", "", InvalidArgumentError, "prompt"),
+    ("prompt", "bad \ud800 text", InvalidArgumentError, "prompt"),
+    ("prompt", "word " * 300, PromptTooLongError, "prompt"),
+    ("max_tokens", 0, InvalidArgumentError, "max_tokens"),
+    ("temperature", -1.0, InvalidArgumentError, "temperature"),
+    ("temperature", float("nan"), InvalidArgumentError, "temperature"),
+    ("k", 0, InvalidArgumentError, "k"),
+    ("k", 10**6, InvalidArgumentError, "k"),
+    ("rewards", {"nope": 1.0}, InvalidArgumentError, "rewards"),
+    ("rewards", {"tiny": float("inf")}, InvalidArgumentError, "rewards"),
+    ("rewards", [{"name": "tiny", "beta": 1, "transform": "bad"}], InvalidArgumentError, "rewards"),
+    ("rewards", "tiny", InvalidArgumentError, "rewards"),
+    ("stop", ("",), InvalidArgumentError, "stop"),
+    ("seed", 2**70, InvalidArgumentError, "seed"),
+    ("timeout_s", -1, InvalidArgumentError, "timeout_s"),
+])
+def test_bad_specs_raise_typed_errors_naming_the_field(engine, field, value, error, param):
+    spec = RowSpec(**{"prompt": "Hello", "max_tokens": 4, field: value})
+    with pytest.raises(error) as info:
+        engine.validate(spec)
+    assert info.value.param == param
+    with pytest.raises(error):
+        engine.submit(spec)
+    assert engine.stats()["queued"] == 0
+
+
+def test_unknown_reward_lists_the_served_ones(engine):
+    with pytest.raises(InvalidArgumentError, match="'nope'.*serves: 'tiny'"):
+        engine.validate(RowSpec("Hi", 3, rewards={"nope": 1}))
+
+
+def test_queue_bound_raises_server_busy_and_queues_all_or_nothing(lm, tokenizer, reward):
+    eng = Engine(lm, tokenizer, {"tiny": reward}, max_running=1, max_queue=3)  # not started: nothing is admitted
+    first = eng.submit_all([RowSpec("a", 3), RowSpec("b", 3)])
+    with pytest.raises(ServerBusyError) as info:
+        eng.submit_all([RowSpec("c", 3), RowSpec("d", 3)])
+    assert info.value.retry_after_s >= 1
+    assert eng.stats()["queued"] == 2
+    eng.submit(RowSpec("c", 3))
+    with pytest.raises(ServerBusyError):
+        eng.submit(RowSpec("d", 3))
+    eng.shutdown(0)
+    assert all(h.result(timeout=5).finish.finish_reason == "cancelled" for h in first)
+    with pytest.raises(ServerShuttingDownError):
+        eng.submit(RowSpec("e", 3))
