@@ -71,6 +71,10 @@ class OutputExistsError(SteerkitError, FileExistsError):
     """An output path already holds something steerkit would overwrite; pass ``--overwrite`` or another path."""
 
 
+class VocabularyMismatchError(SteerkitError, ValueError):
+    """A token-level reward model is used with a language model of another vocabulary (tokenizer family)."""
+
+
 class SteerkitWarning(UserWarning):
     """A setting that works but is probably not what you want (e.g. a very large k with a sequence reward)."""
 

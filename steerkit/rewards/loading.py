@@ -17,6 +17,7 @@ from .backends import DEFAULT_BACKEND, check_backend, get_backend
 from .base import Reward
 from .model import CONFIG_NAME
 from .scorer import RewardModelScorer
+from .token_session import is_token_directory, load_token_reward
 
 CONTEXTS = ("continuation", "full")
 
@@ -39,6 +40,8 @@ def load_reward(reference: str, *, backend: str = DEFAULT_BACKEND, context: str 
 def load_directory(directory: Path, *, backend: str = DEFAULT_BACKEND, context: str = "continuation",
                    name: str | None = None) -> RewardModelScorer:
     """The reward of a reward-model directory (or a backend's export directory) run by ``backend``."""
+    if is_token_directory(directory):  # a token-level reward model (kind: token)
+        return load_token_reward(directory, backend=backend, context=context, name=name)
     model = get_backend(backend).load(Path(directory))
     return RewardModelScorer(model, name=name or model.config.name, backend=backend, context=context)
 

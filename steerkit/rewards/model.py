@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
 
 from ..errors import PromptTooLongError, RewardModelFormatError
@@ -48,6 +48,16 @@ class LoraSettings(BaseModel):
     target_modules: list[str] | None = None
 
 
+class TokenHeadSettings(BaseModel):
+    """The head of a token-level reward model (``kind: token``, :mod:`steerkit.rewards.token_model`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    #: None: W is d×d (as in rad-q's ``linear_with_baseline``); an int r: W = U·V with U d×r, V r×d
+    rank: int | None = Field(default=None, ge=1)
+    #: add the prefix baseline b·h_t (rad-q's ``prefix_baseline``)
+    baseline: bool = True
+
+
 class RewardModelConfig(BaseModel):
     """Everything needed to rebuild a reward model around its saved weights."""
 
@@ -66,6 +76,10 @@ class RewardModelConfig(BaseModel):
     start_token_id: int  # prepended to every text, so an empty prefix can be scored
     max_length: int = 512
     output_function: Literal["sigmoid", "clamp"] = "sigmoid"  # rho = sigmoid(head(h)) or clamp(head(h), 0, 1)
+    #: "sequence": a scalar head read after each candidate (this module); "token": a head that scores every
+    #: next token from the prefix alone (:mod:`steerkit.rewards.token_model`, ``token_head`` its settings)
+    kind: Literal["sequence", "token"] = "sequence"
+    token_head: TokenHeadSettings | None = None
 
 
 @dataclass
@@ -124,6 +138,9 @@ class RewardModel(nn.Module):
     ```
     """
 
+    #: the ``kind`` of the configs this class loads ("token": :class:`~steerkit.rewards.token_model.TokenRewardModel`)
+    kind = "sequence"
+
     def __init__(self, backbone: nn.Module, config: RewardModelConfig, tokenizer=None):
         super().__init__()
         self.backbone = backbone
@@ -159,10 +176,19 @@ class RewardModel(nn.Module):
             hidden_size=output_hidden_size(lm), vocab_size=backbone.config.vocab_size,
             start_token_id=int(start), **kw,
         )
-        model = cls(backbone, config, tokenizer)
-        nn.init.normal_(model.head.weight, std=0.02)
-        nn.init.zeros_(model.head.bias)
+        model = cls._from_parts(backbone, config, tokenizer, lm)
+        model._init_head()
         return model.eval()
+
+    @classmethod
+    def _from_parts(cls, backbone, config: RewardModelConfig, tokenizer, lm) -> "RewardModel":
+        """The model around a (truncated) backbone; ``lm`` is the causal LM it came from (subclasses that need
+        more of it, such as its output embeddings, take it from there)."""
+        return cls(backbone, config, tokenizer)
+
+    def _init_head(self) -> None:
+        nn.init.normal_(self.head.weight, std=0.02)
+        nn.init.zeros_(self.head.bias)
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
@@ -254,6 +280,11 @@ class RewardModel(nn.Module):
 
         directory = Path(directory)
         config = read_config(directory)
+        if config.kind != cls.kind:
+            raise RewardModelFormatError(
+                f"{directory} is a {config.kind}-level reward model, not a {cls.kind}-level one: load it with "
+                "steerkit.load_reward(directory)" + (" or steerkit.rewards.token_model.TokenRewardModel"
+                                                      ".from_pretrained" if config.kind == "token" else "") + ".")
         required = [HEAD_NAME] + ({"lora": [ADAPTER_NAME], "full": [BACKBONE_NAME]}.get(config.method, []))
         missing = [f for f in required if not (directory / f).is_file()]
         if missing:
@@ -283,7 +314,7 @@ class RewardModel(nn.Module):
                 backbone = _apply_lora(backbone, config, load_file(str(directory / ADAPTER_NAME)))
             elif config.method == "full":
                 _load_strict(backbone, load_file(str(directory / BACKBONE_NAME)), directory / BACKBONE_NAME)
-            model = cls(backbone, config, tokenizer)
+            model = cls._from_parts(backbone, config, tokenizer, lm)
             _load_strict(model.head, load_file(str(directory / HEAD_NAME)), directory / HEAD_NAME)
         except (SafetensorError, OSError) as exc:
             raise RewardModelFormatError(f"Corrupt weights in {directory}: {exc}") from None

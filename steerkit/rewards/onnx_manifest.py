@@ -27,8 +27,10 @@ def input_names(num_layers: int) -> list[str]:
         f"past_{kv}_{i}" for i in range(num_layers) for kv in ("key", "value")]
 
 
-def output_names(num_layers: int) -> list[str]:
-    return ["rewards"] + [f"present_{kv}_{i}" for i in range(num_layers) for kv in ("key", "value")]
+def output_names(num_layers: int, kind: str = "sequence") -> list[str]:
+    """``rewards`` then the present KV; a token-level export (``kind`` "token") has ``query`` and ``offset``."""
+    head = ["query", "offset"] if kind == "token" else ["rewards"]
+    return head + [f"present_{kv}_{i}" for i in range(num_layers) for kv in ("key", "value")]
 
 
 # -- hashes ------------------------------------------------------------------------------------------
@@ -61,7 +63,7 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     if missing:
         raise ExportError(f"{path} lacks {', '.join(missing)}; re-export the model.")
     L = manifest["num_layers"]
-    if manifest["inputs"] != input_names(L) or manifest["outputs"] != output_names(L):
+    if manifest["inputs"] != input_names(L) or manifest["outputs"] != output_names(L, manifest.get("kind", "sequence")):
         raise ExportError(f"{path}: input/output names do not match {L} layers; re-export the model.")
     return manifest
 

@@ -22,6 +22,7 @@ from ..errors import PluginError
 from .backends import DEFAULT_BACKEND, get_backend
 from .model import CONFIG_NAME
 from .scorer import RewardModelScorer
+from .token_session import is_token_directory, load_token_reward
 
 
 def reward_model_factory(directory: str | os.PathLike, *, name: str, package: str | None = None):
@@ -42,6 +43,8 @@ def reward_model_factory(directory: str | os.PathLike, *, name: str, package: st
                 "Train it (`steerkit train ...`), copy the reward-model directory there, and reinstall the "
                 "package; or pass a reward-model directory path instead of the name."
             )
+        if is_token_directory(directory):  # a token-level reward model (kind: token)
+            return load_token_reward(directory, backend=backend, context=context, name=name, cached=True)
         model = _load_model(backend, str(directory.resolve()))
         return RewardModelScorer(model, name=name, backend=backend, context=context)
 

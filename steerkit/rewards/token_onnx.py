@@ -1,0 +1,264 @@
+"""ONNX export and onnxruntime model of token-level reward models (``kind: token``).
+
+An export directory is a sequence model's (:mod:`.onnx_export`) plus the frozen output embeddings::
+
+    model.onnx              backbone + token head, past KV in, present KV out
+    embeddings.safetensors  the output embeddings e_v [V, d] the query is matched against
+    tokenizer/              the reward model's tokenizer
+    steerkit_onnx.json      the manifest, with "kind": "token" and the SHA-256 of the graph and the embeddings
+
+Graph signature: the inputs of a sequence export (``input_ids``, ``position_ids``, the additive 4D
+``attention_mask``, ``past_key_i`` / ``past_value_i``), and as outputs::
+
+    query     float32 ["batch", "new", d]   W h at every new position
+    offset    float32 ["batch", "new"]      b·h + c at every new position
+    present_key_i / present_value_i         past ++ new
+
+A candidate's reward ``f(⟨query, e_v⟩ + offset)`` is a gather and a dot product outside the graph
+(:func:`~steerkit.rewards.token_model.candidate_logits`), the same code as for torch, so k can be the whole
+vocabulary without a second graph. :class:`OnnxTokenModel` has the runner interface of
+:class:`~steerkit.rewards.token_model.TokenRewardModel` that :class:`~steerkit.rewards.token_session.TokenSession`
+drives; parity with torch is checked at export (≤ 1e-4 on probes) and tested.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..errors import ExportError
+from ..models import atomic_write_text
+from .model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel
+from .onnx_backend import OnnxRuntime
+from .onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against_torch, _legacy_exporter,
+                          _make_tmp_dir, _probe_inputs, _publish, _require, _sha256, _steerkit_version, _umask,
+                          cache_entry, kv_shape, model_content_hash, reward_dir_hash)
+from .onnx_manifest import (DATA_FILE, EXPORT_FORMAT, EXPORT_FORMAT_VERSION, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR,
+                            input_names, is_export_dir, output_names, tokenizer_fingerprint, verify_export)
+from .token_model import TokenRewardModel, is_token_directory, realized_logits
+
+EMBEDDINGS_FILE = "embeddings.safetensors"
+
+
+class _TokenExportWrapper(torch.nn.Module):
+    """Flat-tensor signature around :meth:`TokenRewardModel.project` with a transformers DynamicCache."""
+
+    def __init__(self, model: TokenRewardModel):
+        super().__init__()
+        self.model = model
+        self.num_layers = model.config.num_layers
+
+    def forward(self, input_ids, position_ids, attention_mask, *past):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)])
+        query, offset, cache = self.model.project(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                                  past_key_values=cache, use_cache=True)
+        return (query, offset, *[t for layer in cache.layers for t in (layer.keys, layer.values)])
+
+
+def export_token_onnx(model: TokenRewardModel, out_dir, *, source_hash: str | None = None, source: dict | None = None,
+                      opset: int = DEFAULT_OPSET, external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+                      overwrite: bool = False, check: bool = True) -> Path:
+    """Export a token-level reward model to ``out_dir`` (a temporary sibling renamed into place); with ``check``
+    onnxruntime must reproduce torch to 1e-4 on probe inputs first. Same arguments as
+    :func:`~steerkit.rewards.onnx_export.export_onnx`."""
+    onnx = _require("onnx")
+    from safetensors.torch import save_file
+
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} exists and is not a directory.")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} exists and is not empty; pass --force (overwrite=True) or choose another --out.")
+    started = time.perf_counter()
+    source_hash = source_hash or model_content_hash(model)
+    L = model.config.num_layers
+    heads, head_dim = kv_shape(model)
+    names_in, names_out = input_names(L), output_names(L, "token")
+    dynamic = {"input_ids": {0: "batch", 1: "new"}, "position_ids": {0: "batch", 1: "new"},
+               "attention_mask": {0: "batch", 2: "new", 3: "total"}, "query": {0: "batch", 1: "new"},
+               "offset": {0: "batch", 1: "new"}}
+    dynamic.update({n: {0: "batch", 2: "past"} for n in names_in[3:]})
+    dynamic.update({n: {0: "batch", 2: "total"} for n in names_out[2:]})
+    wrapper = _TokenExportWrapper(model).eval()
+    tmp = _make_tmp_dir(out)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                torch.onnx.export(wrapper, _probe_inputs(model, batch=2, new=3, past=4), str(tmp / MODEL_FILE),
+                                  input_names=names_in, output_names=names_out, dynamic_axes=dynamic,
+                                  opset_version=opset, do_constant_folding=True, **_legacy_exporter())
+            except Exception as exc:  # the exporter raises many types; wrap them with context
+                raise ExportError(f"torch.onnx.export failed for {model.config.name!r} (opset {opset}): "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        proto = onnx.load(str(tmp / MODEL_FILE), load_external_data=True)
+        external = sum(len(t.raw_data) for t in proto.graph.initializer) > external_data_threshold
+        for leftover in tmp.iterdir():
+            leftover.unlink()
+        if external:
+            onnx.save_model(proto, str(tmp / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=DATA_FILE, size_threshold=1024)
+        else:
+            onnx.save_model(proto, str(tmp / MODEL_FILE))
+        del proto
+        onnx.checker.check_model(str(tmp / MODEL_FILE))
+        save_file({"embeddings": model.output_embeddings.detach().float().contiguous().cpu()},
+                  str(tmp / EMBEDDINGS_FILE))
+        model.tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
+        files = [MODEL_FILE] + ([DATA_FILE] if external else []) + [EMBEDDINGS_FILE]
+        manifest = {
+            "format": EXPORT_FORMAT, "format_version": EXPORT_FORMAT_VERSION, "kind": "token",
+            "source": {"reward_hash": source_hash, **(source or {})},
+            "reward_config": json.loads(model.config.model_dump_json()),
+            "tokenizer": {"reference": model.config.tokenizer or model.config.backbone,
+                          "fingerprint": tokenizer_fingerprint(model.tokenizer),
+                          "vocab_size": len(model.tokenizer), "directory": TOKENIZER_DIR},
+            "opset": opset, "dtype": "float32", "inputs": names_in, "outputs": names_out,
+            "output_function": model.config.output_function, "embeddings": EMBEDDINGS_FILE,
+            "num_layers": L, "num_kv_heads": heads, "head_dim": head_dim, "external_data": external,
+            "files": {f: {"sha256": _sha256(tmp / f), "bytes": (tmp / f).stat().st_size} for f in files},
+            "exported_with": {"torch": torch.__version__, "onnx": onnx.__version__, "steerkit": _steerkit_version(),
+                              "seconds": None},
+        }
+        if check:
+            _check_against_torch(tmp, wrapper, names_in, model)
+        manifest["exported_with"]["seconds"] = round(time.perf_counter() - started, 2)
+        atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2))
+        os.chmod(tmp / MANIFEST_NAME, 0o666 & ~_umask())
+        _publish(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def ensure_token_export(directory, *, reward_hash: str | None = None, opset: int = DEFAULT_OPSET) -> Path:
+    """The cached export of a token-level reward-model directory, made on first use (as for sequence models)."""
+    directory = Path(directory)
+    reward_hash = reward_hash or reward_dir_hash(directory)
+    entry = cache_entry(reward_hash, opset)
+    if (entry / MANIFEST_NAME).is_file():
+        return entry
+    staging = entry.with_name(f"{entry.name}.staging{os.getpid()}.{time.monotonic_ns()}")
+    try:
+        export_token_onnx(TokenRewardModel.from_pretrained(directory), staging, source_hash=reward_hash,
+                          source={"kind": "directory", "directory": str(directory.resolve())}, opset=opset)
+        try:
+            os.rename(staging, entry)
+        except OSError:
+            if not (entry / MANIFEST_NAME).is_file():
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return entry
+
+
+def token_export_source(reference: str) -> tuple[TokenRewardModel, str, dict] | None:
+    """(model, reward hash, provenance) when ``reference`` (a directory or a registered name) is a token-level
+    reward model; None otherwise (then it is a sequence model for :func:`~.onnx_export.export_source`)."""
+    path = Path(reference).expanduser()
+    if path.name == CONFIG_NAME:
+        path = path.parent
+    provenance = {"kind": "directory"}
+    if not path.is_dir():
+        try:
+            from ..registry import get_registry
+
+            directory = getattr(get_registry().get("reward", reference).factory, "directory", None)
+        except Exception:  # not registered: export_source raises the helpful error
+            return None
+        if directory is None:
+            return None
+        path, provenance = Path(directory), {"kind": "registered", "name": reference}
+    if is_export_dir(path) or not is_token_directory(path):
+        return None
+    return (TokenRewardModel.from_pretrained(path), reward_dir_hash(path),
+            {**provenance, "directory": str(path.resolve())})
+
+
+class OnnxTokenModel:
+    """A verified token-level ONNX export run by onnxruntime, with the runner interface of
+    :class:`~steerkit.rewards.token_model.TokenRewardModel` (``run``, ``empty_past``, ``output_embeddings``,
+    ``output``, ``encode``, ``score_texts``). Loading needs neither torch weights nor the backbone."""
+
+    backend = "onnx"
+    kind = "token"
+
+    def __init__(self, directory, *, expected_hash: str | None = None, tokenizer=None,
+                 providers: list[str] | None = None, threads: int | None = None):
+        from safetensors.torch import load_file
+
+        self.directory = Path(directory).expanduser()
+        self.manifest, self.config, self.tokenizer = verify_export(self.directory, expected_hash=expected_hash,
+                                                                   tokenizer=tokenizer)
+        if self.manifest.get("kind") != "token":
+            raise ExportError(f"{self.directory} is a sequence-level export; load it with load_reward(..., "
+                              "backend='onnx').")
+        self.runtime = OnnxRuntime(self.directory, self.manifest, providers, threads)
+        self.output_embeddings = load_file(str(self.directory / EMBEDDINGS_FILE))["embeddings"]
+        self.device = torch.device("cpu")
+
+    @classmethod
+    def load(cls, reference, **kwargs) -> "OnnxTokenModel":
+        """A token-level export directory, or a token-level reward-model directory (exported on first use)."""
+        path = Path(reference).expanduser()
+        if path.name == CONFIG_NAME:
+            path = path.parent
+        if is_export_dir(path):
+            return cls(path, **kwargs)
+        if (path / CONFIG_NAME).is_file():
+            reward_hash = reward_dir_hash(path)
+            return cls(ensure_token_export(path, reward_hash=reward_hash), expected_hash=reward_hash, **kwargs)
+        raise ExportError(f"{path} is neither an ONNX export nor a reward-model directory.")
+
+    def __repr__(self) -> str:
+        return f"OnnxTokenModel({self.config.name!r}, {self.directory}, layers={self.config.num_layers})"
+
+    @property
+    def vocab_rows(self) -> int:
+        return int(self.output_embeddings.shape[0])
+
+    def empty_past(self, batch: int) -> list[torch.Tensor]:
+        return [t.cpu() for t in self.runtime.empty_past(batch)]
+
+    def run(self, input_ids, position_ids, mask, past):
+        """Same as :meth:`TokenRewardModel.run`: (query [B, n, d], offset [B, n], present KV)."""
+        inputs = [input_ids.long(), position_ids.long(), mask.float(), *past]
+        feeds = {n: t.detach().cpu().contiguous().numpy() for n, t in zip(self.runtime.input_names, inputs)}
+        with self.runtime._lock:
+            outputs = self.runtime.session.run(self.runtime.output_names, feeds)
+        tensors = [torch.from_numpy(o) for o in outputs]
+        return tensors[0], tensors[1], tensors[2:]
+
+    def output(self, logits: torch.Tensor) -> torch.Tensor:
+        return OUTPUT_FUNCTIONS[self.config.output_function](logits)
+
+    def encode(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
+        return RewardModel.encode(self, texts, max_length)
+
+    @torch.no_grad()
+    def score_texts(self, texts: list[str], batch_size: int = 32, per_prefix: bool = False):
+        """Reward of each text (and with ``per_prefix`` of every prefix), from scratch."""
+        from .attention import additive, append_mask_4d
+
+        finals, prefixes = [], []
+        for i in range(0, len(texts), batch_size):
+            enc = self.encode(texts[i:i + batch_size])
+            ids, mask = enc["input_ids"], enc["attention_mask"].bool()
+            allowed = append_mask_4d(torch.zeros((ids.shape[0], 0), dtype=torch.bool), mask)
+            query, offset, _ = self.run(ids, (mask.long().cumsum(-1) - 1).clamp(min=0), additive(allowed),
+                                        self.empty_past(ids.shape[0]))
+            rewards = self.output(realized_logits(query, offset, self.output_embeddings, ids, mask.long()))
+            finals.extend(rewards[:, -1].tolist())
+            if per_prefix:
+                prefixes.extend(r[m][1:].tolist() for r, m in zip(rewards, mask))
+        return (finals, prefixes) if per_prefix else finals

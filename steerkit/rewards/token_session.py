@@ -1,0 +1,192 @@
+"""A token-level reward model as a decoding-time reward: one reward-model token per row and step, any k.
+
+:class:`TokenReward` implements the :class:`~steerkit.rewards.base.Reward` contract (``kind = "token"``, so
+:attr:`steerkit.steering.SteeringTerm.is_sequence_reward` is False and large k raises no warning). Its
+:class:`TokenSession` keeps the reward model's KV of the committed text and the head's query and baseline of
+the last position. ``score`` is then a gather of the k candidates' output embeddings and k dot products (one
+``[B, V]`` product for a large k); ``commit`` runs the chosen token through the reward model, one position per
+row. The session runs any model with the runner interface (``run``, ``empty_past``, ``output_embeddings``,
+``output``, ``encode``): :class:`~steerkit.rewards.token_model.TokenRewardModel` (torch) and
+:class:`~steerkit.rewards.token_onnx.OnnxTokenModel` (onnxruntime).
+
+A token-level reward reads the LM's token ids directly, so it needs the LM's vocabulary:
+:func:`check_vocabulary` raises :class:`~steerkit.errors.VocabularyMismatchError` for another tokenizer family
+(a sequence reward model re-tokenizes candidate text and works with any LM).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from ..errors import InvalidArgumentError, VocabularyMismatchError
+from .attention import additive, append_mask_4d
+from .token_model import candidate_logits, is_token_directory  # noqa: F401 (is_token_directory: loading's dispatch)
+
+#: the backends that run token-level reward models, and how each loads a directory
+TOKEN_BACKENDS = ("torch", "onnx")
+
+
+def same_vocabulary(a, b) -> bool:
+    """True when two tokenizers map every token string to the same id."""
+    return a is b or (len(a) == len(b) and a.get_vocab() == b.get_vocab())
+
+
+def check_vocabulary(name: str, model, lm_tokenizer) -> None:
+    """Raise :class:`VocabularyMismatchError` unless the LM's tokenizer is the reward model's vocabulary."""
+    if same_vocabulary(lm_tokenizer, model.tokenizer):
+        return
+    config = model.config
+    raise VocabularyMismatchError(
+        f"Reward {name!r} is a token-level reward model: it scores the language model's next-token ids with the "
+        f"output embeddings of its backbone {config.backbone!r} ({len(model.tokenizer)} tokens), but the LM's "
+        f"tokenizer is another vocabulary ({len(lm_tokenizer)} tokens). Use a sequence reward model for this LM "
+        "(e.g. `toxicity` instead of `toxicity-token`: it re-tokenizes candidate text for any tokenizer family), "
+        f"or an LM of the {config.backbone!r} family.")
+
+
+class TokenReward:
+    """A token-level reward: ``start`` returns a :class:`TokenSession` over B rows.
+
+    ``context="continuation"`` scores only the generated text (the reward model starts from its start token);
+    ``"full"`` scores prompt + generated text.
+    """
+
+    kind = "token"
+
+    def __init__(self, model, name: str | None = None, *, backend: str = "torch", context: str = "continuation"):
+        self.model = model
+        self.name = name or model.config.name
+        self.backend = backend
+        self.context = context
+
+    def start(self, prefixes: list[str], lm_tokenizer) -> "TokenSession":
+        check_vocabulary(self.name, self.model, lm_tokenizer)
+        texts = prefixes if self.context == "full" else [""] * len(prefixes)
+        enc = self.model.encode(texts)
+        return TokenSession(self, enc["input_ids"], enc["attention_mask"])
+
+    def __repr__(self) -> str:
+        return f"TokenReward({self.name!r}, backend={self.backend!r}, context={self.context!r})"
+
+
+class TokenSession:
+    """The reward model's state over B rows: KV of the committed text (flat list of 2·L tensors [B, H, T, d]),
+    the mask of real cached columns [B, T], each row's next position [B], and the head's query [B, d] and
+    baseline [B] after the last committed token."""
+
+    def __init__(self, reward: TokenReward, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        self.reward = reward
+        self.model = reward.model
+        device = self.model.device
+        B = input_ids.shape[0]
+        self.past = self.model.empty_past(B)
+        self.mask = torch.zeros((B, 0), dtype=torch.bool, device=device)
+        self.next_pos = torch.zeros(B, dtype=torch.long, device=device)
+        self.query = self.offset = None
+        self._append(input_ids, attention_mask)
+
+    @property
+    def device(self):
+        return self.model.device
+
+    def _append(self, tokens: torch.Tensor, mask: torch.Tensor | None) -> None:
+        tokens = tokens.to(self.device)
+        mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.to(self.device).bool()
+        positions = self.next_pos[:, None] + (mask.long().cumsum(-1) - 1).clamp(min=0)
+        query, offset, self.past = self.model.run(tokens, positions, additive(append_mask_4d(self.mask, mask)),
+                                                  self.past)
+        self.query, self.offset = query[:, -1], offset[:, -1]  # the last column is real in every row
+        self.mask = torch.cat([self.mask, mask], dim=1)
+        self.next_pos = self.next_pos + mask.long().sum(-1)
+
+    def score(self, candidates: torch.Tensor) -> torch.Tensor:
+        """Rewards [B, k] of each row's text extended by each candidate LM token [B, k]."""
+        device = candidates.device
+        candidates = candidates.to(self.device).long()
+        rows = self.model.vocab_rows
+        if candidates.numel() and int(candidates.max()) >= rows:
+            raise InvalidArgumentError(
+                f"Reward {self.reward.name!r} got candidate token id {int(candidates.max())}, but its output "
+                f"embeddings have {rows} rows: the language model's vocabulary is larger than the reward model's. "
+                "Use a sequence reward model for this LM.")
+        logits = candidate_logits(self.query, self.offset, self.model.output_embeddings, candidates)
+        return self.model.output(logits).to(device)
+
+    def commit(self, tokens: torch.Tensor) -> None:
+        """Append the chosen LM token of each row [B]: one reward-model position per row."""
+        self._append(tokens[:, None], None)
+
+    # -- continuous batching (RewardSession.keep_rows / add_rows) ---------------------------------------
+    def keep_rows(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` [B'] in that order; columns that are then holes in every row are dropped."""
+        index = torch.as_tensor(index, dtype=torch.long).to(self.device)
+        self.past = [t.index_select(0, index) for t in self.past]
+        self.mask, self.next_pos = self.mask.index_select(0, index), self.next_pos.index_select(0, index)
+        self.query, self.offset = self.query.index_select(0, index), self.offset.index_select(0, index)
+        used = self.mask.any(0)
+        first = int(used.nonzero().min()) if bool(used.any()) else self.mask.shape[1]
+        if first:
+            self.past = [t[:, :, first:] for t in self.past]
+            self.mask = self.mask[:, first:]
+
+    def add_rows(self, other: "TokenSession") -> None:
+        """Append the rows of ``other`` (started by the same reward), left-padding the shorter KV with holes."""
+        if not isinstance(other, TokenSession) or other.model is not self.model:
+            raise TypeError("add_rows() needs a TokenSession started by the same token-level reward, got "
+                            f"{type(other).__name__}.")
+        width = max(self.mask.shape[1], other.mask.shape[1])
+
+        def pad_kv(t, n):
+            return torch.nn.functional.pad(t, (0, 0, width - n, 0))
+
+        a, b = self.mask.shape[1], other.mask.shape[1]
+        self.past = [torch.cat([pad_kv(x, a), pad_kv(y.to(x.device), b)]) for x, y in zip(self.past, other.past)]
+        self.mask = torch.cat([torch.nn.functional.pad(self.mask, (width - a, 0)),
+                               torch.nn.functional.pad(other.mask.to(self.device), (width - b, 0))])
+        self.next_pos = torch.cat([self.next_pos, other.next_pos.to(self.device)])
+        self.query = torch.cat([self.query, other.query.to(self.device)])
+        self.offset = torch.cat([self.offset, other.offset.to(self.device)])
+
+
+# -- loading --------------------------------------------------------------------------------------------
+def load_token_model(directory, backend: str = "torch", *, cached: bool = False):
+    """The model of a token-level reward-model directory (or, for ``onnx``, of its export). ``cached``: once per
+    process, directory and backend (what packaged rewards use)."""
+    directory, backend = str(Path(directory).resolve()), _check_backend(backend)
+    return _load_cached(directory, backend) if cached else _load(directory, backend)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(directory: str, backend: str):
+    return _load(directory, backend)
+
+
+def _load(directory: str, backend: str):
+    if backend == "onnx":
+        from .token_onnx import OnnxTokenModel
+
+        return OnnxTokenModel.load(directory)
+    from ..errors import ExportError
+    from .onnx_manifest import is_export_dir
+    from .token_model import TokenRewardModel
+
+    if is_export_dir(directory):
+        raise ExportError(f"{directory} is an ONNX export: use backend 'onnx' (--backend onnx), or pass the "
+                          "reward-model directory it was exported from for backend 'torch'.")
+    return TokenRewardModel.from_pretrained(directory)
+
+
+def _check_backend(backend: str) -> str:
+    if backend not in TOKEN_BACKENDS:
+        raise InvalidArgumentError(f"Backend {backend!r} does not run token-level reward models (kind: token); "
+                                   f"use {' or '.join(map(repr, TOKEN_BACKENDS))}.")
+    return backend
+
+
+def load_token_reward(directory, *, backend: str = "torch", context: str = "continuation",
+                      name: str | None = None, cached: bool = False) -> TokenReward:
+    model = load_token_model(directory, backend, cached=cached)
+    return TokenReward(model, name=name or model.config.name, backend=backend, context=context)

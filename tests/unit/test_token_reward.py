@@ -1,0 +1,175 @@
+"""Token-level reward models (kind: token): the head's definition, cached decoding, composition, vocabulary."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from steerkit import RewardAugmentedGenerator, RewardAugmentedLogitsProcessor, SteeringTerm
+from steerkit.errors import InvalidArgumentError, RewardModelFormatError, VocabularyMismatchError
+from steerkit.rewards.model import RewardModel, TokenHeadSettings
+from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.token_model import TokenRewardModel, candidate_logits
+from steerkit.rewards.token_session import TokenReward
+from steerkit.steering import reweight
+from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward
+
+PROMPTS = ["I hate it", "You are a wonderful friend, I love"]
+
+
+def tiny_token_reward(tokenizer, seed: int = 1, rank=None, baseline=True, name="tok") -> TokenRewardModel:
+    rm = TokenRewardModel.from_causal_lm(tiny_lm(tokenizer, seed=seed), tokenizer, name=name,
+                                         head=TokenHeadSettings(rank=rank, baseline=baseline))
+    torch.manual_seed(seed + 100)
+    for p in rm.head.parameters():  # spread the rewards (the default init starts W at 0)
+        torch.nn.init.normal_(p, std=0.4)
+    return rm
+
+
+@pytest.fixture(scope="module")
+def token_rm(tokenizer):
+    return tiny_token_reward(tokenizer)
+
+
+def from_scratch(rm: TokenRewardModel, ids: list[int], candidates: list[int]) -> torch.Tensor:
+    """The head's definition on the full forward of the prefix: f(<W h_t, e_v> + b.h_t + c) for each v."""
+    with torch.no_grad():
+        hidden = rm.backbone(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+        head = rm.head
+        W = head.proj.weight if head.rank is None else head.up.weight @ head.down.weight
+        base = (head.baseline.weight[0] @ hidden if head.baseline is not None else 0.0) + head.bias[0]
+        logits = rm.output_embeddings[candidates] @ (W @ hidden) + base
+    return torch.sigmoid(logits)
+
+
+@pytest.mark.parametrize("rank,baseline", [(None, True), (4, True), (None, False)])
+def test_candidate_reward_is_the_head_definition_and_the_full_forward(tokenizer, rank, baseline):
+    rm = tiny_token_reward(tokenizer, rank=rank, baseline=baseline)
+    session = TokenReward(rm, context="full").start(PROMPTS, tokenizer)
+    rows = [[rm.config.start_token_id] + tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    g = torch.Generator().manual_seed(0)
+    worst_def = worst_fwd = 0.0
+    for _ in range(4):
+        candidates = torch.randint(0, len(tokenizer), (2, 7), generator=g)
+        got = session.score(candidates)
+        for b, row in enumerate(rows):
+            worst_def = max(worst_def, (got[b] - from_scratch(rm, row, candidates[b].tolist())).abs().max().item())
+            with torch.no_grad():  # forward() reads the reward of the realized last token of prefix + v
+                full = rm(torch.tensor([row + [c] for c in candidates[b].tolist()])).rewards[:, -1]
+            worst_fwd = max(worst_fwd, (got[b] - full).abs().max().item())
+        chosen = candidates[:, 3]
+        session.commit(chosen)
+        for b in range(2):
+            rows[b].append(int(chosen[b]))
+    assert worst_def <= 1e-5 and worst_fwd <= 1e-5, (worst_def, worst_fwd)
+
+
+def test_whole_vocabulary_product_equals_the_gather():
+    g = torch.Generator().manual_seed(0)
+    query, offset, emb = torch.randn(3, 8, generator=g), torch.randn(3, generator=g), torch.randn(50, 8, generator=g)
+    small = torch.randint(0, 50, (3, 5), generator=g)
+    everything = torch.arange(50).expand(3, 50)
+    direct = (emb[small] * query[:, None]).sum(-1) + offset[:, None]
+    assert torch.allclose(candidate_logits(query, offset, emb, small), direct, atol=1e-6)  # gather path
+    full = candidate_logits(query, offset, emb, everything)  # one [B, V] product
+    assert torch.allclose(full, query @ emb.T + offset[:, None], atol=1e-6)
+    assert torch.allclose(full.gather(1, small), direct, atol=1e-6)
+
+
+def test_cached_decoding_equals_uncached(tokenizer, lm, token_rm):
+    reward = TokenReward(token_rm, context="continuation")
+    out = RewardAugmentedGenerator(lm, tokenizer, [SteeringTerm(reward, -4.0)], k=len(tokenizer)).generate(
+        PROMPTS, max_new_tokens=6, seed=0, return_traces=True, eos_token_id=[])
+    worst = 0.0
+    for step, trace in enumerate(out.traces[0]):
+        for b in range(len(PROMPTS)):
+            row = [token_rm.config.start_token_id] + out.sequences[b, :step].tolist()
+            candidates = trace.topk_ids[b, :25].tolist()
+            worst = max(worst, (trace.rewards["tok"][b, :25] - from_scratch(token_rm, row, candidates)).abs().max().item())
+    assert worst <= 1e-5, worst
+
+
+def test_composes_with_a_sequence_reward_into_the_hand_computed_softmax(tokenizer, token_rm):
+    seq = RewardModelScorer(tiny_reward(tokenizer))
+    tok = TokenReward(token_rm)
+    terms = [SteeringTerm(seq, -3.0), SteeringTerm(tok, 5.0)]
+    sessions = [t.reward.start(["", ""], tokenizer) for t in terms]
+    logits = torch.randn(2, len(tokenizer), generator=torch.Generator().manual_seed(1))
+    step = reweight(logits, 6, terms, sessions, step=0)
+    z, ids = logits.topk(6, dim=-1)
+    start = seq.model.config.start_token_id
+    with torch.no_grad():  # the sequence reward of each one-token continuation, from scratch
+        rho_seq = torch.stack([seq.model(torch.tensor([[start, i] for i in row])).rewards[:, -1] for row in ids.tolist()])
+    rho_tok = torch.stack([from_scratch(token_rm, [token_rm.config.start_token_id], row) for row in ids.tolist()])
+    expected = torch.softmax(z - 3.0 * rho_seq + 5.0 * rho_tok, dim=-1)
+    got = torch.softmax(step.scores, dim=-1).gather(1, ids)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.allclose(step.rewards["tok"], rho_tok, atol=1e-5)
+
+
+def test_logits_processor_matches_generate_and_large_k_does_not_warn(tokenizer, lm, token_rm):
+    terms = [SteeringTerm(TokenReward(token_rm), -6.0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a token-level reward at k = whole vocabulary is not "slow"
+        rad = RewardAugmentedLogitsProcessor(tokenizer, terms, k=len(tokenizer))
+        ours = RewardAugmentedGenerator(lm, tokenizer, terms, k=len(tokenizer)).generate(
+            [PROMPTS[0]], max_new_tokens=5, seed=3, eos_token_id=[])
+    enc = tokenizer([PROMPTS[0]], return_tensors="pt")
+    torch.manual_seed(3)
+    ids = lm.generate(**enc, logits_processor=[rad], do_sample=True, top_k=0, max_new_tokens=5,
+                      pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
+    assert ids[0, enc["input_ids"].shape[1]:].tolist() == ours.sequences[0].tolist()
+
+
+def test_keep_rows_and_add_rows_score_like_separate_sessions(tokenizer, token_rm):
+    reward = TokenReward(token_rm, context="full")
+    prompts = ["I hate it", "You are", "This is terrible, awful and stupid"]
+    a = reward.start(prompts, tokenizer)
+    a.commit(torch.tensor([5, 6, 7]))
+    a.keep_rows(torch.tensor([2, 0]))
+    b = reward.start(["The quick brown fox"], tokenizer)
+    a.add_rows(b)
+    candidates = torch.randint(0, len(tokenizer), (3, 8), generator=torch.Generator().manual_seed(2))
+    got = a.score(candidates)
+    texts = [prompts[2], prompts[0], "The quick brown fox"]
+    alone = []
+    for i, text in enumerate(texts):
+        s = reward.start([text], tokenizer)
+        if i < 2:
+            s.commit(torch.tensor([[7, 5][i]]))
+        alone.append(s.score(candidates[i:i + 1]))
+    assert torch.allclose(got, torch.cat(alone), atol=1e-5)
+    with pytest.raises(TypeError):
+        a.add_rows(RewardModelScorer(tiny_reward(tokenizer)).start(["x"], tokenizer))
+
+
+def test_another_vocabulary_is_a_typed_error_naming_the_sequence_alternative(tokenizer, token_rm):
+    other = make_tokenizer(kind="metaspace")
+    with pytest.raises(VocabularyMismatchError, match="sequence reward model"):
+        TokenReward(token_rm).start(["Hello"], other)
+    with pytest.raises(VocabularyMismatchError):  # through the public entry point too
+        RewardAugmentedGenerator(tiny_lm(other), other, [SteeringTerm(TokenReward(token_rm), -1.0)], k=3).generate(
+            ["Hello"], max_new_tokens=2, seed=0)
+    session = TokenReward(token_rm).start([""], tokenizer)
+    with pytest.raises(InvalidArgumentError, match="output embeddings"):
+        session.score(torch.tensor([[len(tokenizer) + 5]]))
+
+
+def test_saved_token_model_loads_as_a_token_reward_and_not_as_a_sequence_model(tmp_path, tiny_backbone_dir):
+    import steerkit
+
+    rm = TokenRewardModel.from_backbone(str(tiny_backbone_dir), 1, name="saved")
+    torch.nn.init.normal_(rm.head.proj.weight, std=0.3)
+    rm.save_pretrained(tmp_path / "rm")
+    reward = steerkit.load_reward(str(tmp_path / "rm"))
+    assert isinstance(reward, TokenReward) and reward.kind == "token"
+    texts = ["I love this movie", "I hate it"]
+    assert reward.model.score_texts(texts) == pytest.approx(rm.score_texts(texts), abs=1e-6)
+    with pytest.raises(RewardModelFormatError, match="token-level"):
+        RewardModel.from_pretrained(tmp_path / "rm")
+    from steerkit.rewards.token_session import load_token_model
+
+    with pytest.raises(InvalidArgumentError, match="token-level"):
+        load_token_model(tmp_path / "rm", backend="other")
