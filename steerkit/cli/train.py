@@ -66,6 +66,9 @@ def train(
     device: Optional[str] = typer.Option(None, "--device", help="cpu (default), cuda, cuda:1, mps."),
     leave_out: List[str] = typer.Option([], "--leave-out", help="Hold this source (name or group) out of training "
                                         "and test on it; repeatable."),
+    assess_model: Optional[str] = typer.Option(None, "--assess", help="Train nothing: measure this existing reward "
+                                               "model directory on the config's dev split, test sets and functional "
+                                               "cases (the metrics training would report)."),
     cross_source: Optional[Path] = typer.Option(None, "--cross-source", help="Leave-one-source-out validation: "
                                                 "train one model per left-out source (plus one on all) into this "
                                                 "directory and write cross_source.json/.md; rerun to resume."),
@@ -113,6 +116,15 @@ def train(
         cfg = cfg.with_overrides({"lora": {**cfg.lora.model_dump(), "r": lora_r}})
     if data_root is None and cfg.data_root is None and os.environ.get("STEERKIT_DATA_ROOT"):
         err.print(f"data root from $STEERKIT_DATA_ROOT: {os.environ['STEERKIT_DATA_ROOT']}")
+    if assess_model is not None:
+        from ..training.assess import assess
+
+        metrics = assess(cfg, assess_model)
+        if as_json:
+            typer.echo(json.dumps(metrics))
+            return
+        _print_metrics(metrics)
+        return
     try:
         if cross_source is not None:
             from ..training.cross_source import run_cross_source
@@ -129,12 +141,16 @@ def train(
                                "train_seconds": round(result.seconds, 1),
                                "dev": result.metrics.get("dev"), "eval": result.metrics.get("eval")}))
         return
+    _print_metrics(result.metrics)
+    typer.echo(str(result.output_dir))
+
+
+def _print_metrics(metrics: dict) -> None:
     for section in ("eval", "dev"):
-        for set_name, m in (result.metrics.get(section) or {}).items():
+        for set_name, m in (metrics.get(section) or {}).items():
             auroc = "n/a" if m["auroc"] is None else f"{m['auroc']:.3f}"
             err.print(f"{section} {set_name}: n={m['n']} mse={m['mse']:.4f} auroc={auroc} acc={m['accuracy']:.3f} "
-                      f"acc@50%={m.get('accuracy_at_50pct', float('nan')):.3f}")
-    typer.echo(str(result.output_dir))
+                      f"mean ρ={m['mean_reward']:.3f} acc@50%={m.get('accuracy_at_50pct', float('nan')):.3f}")
 
 
 def register(app: typer.Typer) -> None:

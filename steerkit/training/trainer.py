@@ -122,7 +122,7 @@ class _Tokenized:
     eval_sets: list[list[list[int]]]
 
 
-def _tokenize_all(model: RewardModel, dataset: Dataset, config: TrainConfig) -> _Tokenized:
+def tokenize_dataset(model: RewardModel, dataset: Dataset, config: TrainConfig) -> _Tokenized:
     tok = model.tokenizer
 
     def run(examples, max_length):
@@ -183,7 +183,7 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         remove_checkpoints(ckpt_dir, remove_dir=False)  # only the checkpoints: anything else there stays
 
     model = build_model(config).to(device)
-    tokens = _tokenize_all(model, dataset, config)
+    tokens = tokenize_dataset(model, dataset, config)
     params = trainable_parameters(model)
     if not params:
         raise ConfigError("Nothing to train: every parameter is frozen.")

@@ -216,3 +216,21 @@ def test_training_reports_per_category_metrics_and_augmented_copies(two_sources,
 def test_leave_out_changes_the_resume_fingerprint(tmp_path):
     assert _config(tmp_path).run_fingerprint() != _config(tmp_path, leave_out=["A"]).run_fingerprint()
     assert _config(tmp_path).run_fingerprint() == _config(tmp_path, device="cpu").run_fingerprint()
+
+
+def test_assess_measures_an_existing_model_exactly_as_training_reported(two_sources, tmp_path):
+    from steerkit.training.assess import assess
+    from steerkit.training.trainer import train
+
+    config = TrainConfig.from_dict({
+        "backbone": str(two_sources / "backbone"), "method": "lora", "max_length": 16, "data_root": str(two_sources),
+        "output_dir": str(tmp_path / "model"), "steps": 2, "batch_size": 8, "threads": 1, "dev_fraction": 0.2,
+        "data": [{"path": "films.jsonl", "label": "label", "name": "films"}],
+        "eval": [{"path": "func.jsonl", "label": "label", "by": "category", "name": "functional"}]})
+    result = train(config, progress=False)
+    measured = assess(config, result.output_dir)
+    for section in ("dev", "eval"):
+        assert measured[section].keys() == result.metrics[section].keys()
+        for name, m in measured[section].items():
+            assert m["n"] == result.metrics[section][name]["n"]
+            assert m["mse"] == pytest.approx(result.metrics[section][name]["mse"], abs=1e-6)

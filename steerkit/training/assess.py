@@ -1,0 +1,32 @@
+"""``steerkit train CONFIG --assess MODEL``: measure an existing reward model on a config's data.
+
+The same dev split (seeded, per source), held-out sets, evaluation views, left-out sources and per-category
+functional metrics that training would report, for a model that was not trained by this config: an earlier
+version of a shipped model, a colleague's model, or an imported paper checkpoint. Nothing is trained or
+written except the metrics JSON when asked for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .config import TrainConfig
+from .data import build_dataset
+from .metrics import final_metrics
+
+
+def assess(config: TrainConfig, model_dir: str | Path) -> dict:
+    from ..devices import resolve_device
+    from ..rewards.model import RewardModel
+    from ..threads import set_threads
+    from .trainer import tokenize_dataset
+
+    set_threads(config.threads)
+    device = resolve_device(config.device)
+    sources, left_out = config.split_leave_out()
+    dataset = build_dataset(sources, config.eval + left_out, config.resolved_data_root(), seed=config.seed,
+                            dev_fraction=config.dev_fraction, dev_max_per_source=config.dev_max_per_source,
+                            dedup=config.dedup)
+    model = RewardModel.from_pretrained(model_dir).to(device).eval()
+    tokens = tokenize_dataset(model, dataset, config)
+    return final_metrics(model, dataset, tokens.dev, tokens.eval_sets, config)
