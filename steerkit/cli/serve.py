@@ -1,0 +1,112 @@
+"""``steerkit serve``: the OpenAI-compatible steering server (FastAPI on uvicorn), see docs/serving.md.
+
+With no arguments it serves the packaged SmolLM2 with every installed reward available and no default
+steering; ``--config steer.yaml`` or ``--lm`` / ``--reward NAME=BETA`` / ``-k`` set the model and the steering a
+request gets when it names none. SIGTERM (or Ctrl-C) stops accepting connections, lets in-flight requests
+finish for up to ``--shutdown-deadline`` seconds, then cancels what is left and exits 0.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import InvalidArgumentError
+from .common import err, parse_reward_weight
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="SteeringConfig YAML/TOML/JSON file: "
+                                          "the model and the default steering."),
+    lm: Optional[str] = typer.Option(None, "--lm", help="LM reference (packaged name, directory, .gguf, hub id). "
+                                     "\\[default: smollm2-135m-instruct]"),
+    reward: List[str] = typer.Option([], "--reward", "-r", help="REF=BETA, repeatable: the default steering "
+                                     "(requests may override it). \\[default: none]"),
+    k: Optional[int] = typer.Option(None, "--k", "-k", help="Default top-k candidates per step. \\[default: 20]"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch or onnx. \\[default: torch]"),
+    max_running: int = typer.Option(16, "--max-running", min=1, help="Rows decoded together at most."),
+    max_queue: int = typer.Option(64, "--max-queue", min=1, help="Rows waiting at most; beyond it: HTTP 429."),
+    timeout: float = typer.Option(300.0, "--timeout", min=0.0, help="Seconds a request may take from admission "
+                                  "to its last token (0: no limit); past it: HTTP 504 or finish_reason timeout."),
+    max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit", min=1, help="Largest max_tokens a request "
+                                         "may ask for."),
+    default_max_tokens: int = typer.Option(64, "--default-max-tokens", min=1, help="max_tokens of a request that "
+                                           "sends none."),
+    max_n: int = typer.Option(16, "--max-n", min=1, help="Largest n (choices per prompt)."),
+    shutdown_deadline: float = typer.Option(30.0, "--shutdown-deadline", min=0.0, help="On SIGTERM, seconds "
+                                            "in-flight requests get to finish."),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, "
+                                  "info, debug."),
+):
+    """Serve steered generation over an OpenAI-compatible HTTP API, with a playground at /."""
+    from ..config import SteeringConfig
+
+    _check_port_free(host, port)
+    if config is not None or lm is not None or reward or k is not None or backend is not None:
+        cfg = SteeringConfig.from_file(config) if config else SteeringConfig()
+        overrides = {"lm": lm, "k": k, "backend": backend}
+        cfg = cfg.with_overrides({key: v for key, v in overrides.items() if v is not None})
+        if reward:
+            cfg = cfg.with_rewards([parse_reward_weight(s) for s in reward])
+    else:
+        cfg = None  # the packaged SmolLM2, every installed reward available, no default steering
+    run_server(cfg, host=host, port=port, max_running=max_running, max_queue=max_queue,
+               timeout_s=timeout or None, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens,
+               max_n=max_n, shutdown_deadline_s=shutdown_deadline, log_level=log_level)
+
+
+def run_server(cfg, *, host: str, port: int, max_running: int, max_queue: int, timeout_s: float | None,
+               max_tokens_limit: int, default_max_tokens: int, max_n: int, shutdown_deadline_s: float,
+               log_level: str) -> None:
+    try:
+        import uvicorn
+
+        from ..serving.app import ServerSettings, create_app
+        from ..serving.engine import Engine
+        from ..serving.metrics import ServerMetrics
+    except ImportError as exc:
+        raise InvalidArgumentError(f"steerkit serve needs the serve extra ({exc.name} is missing): "
+                                   "pip install 'steerkit[serve]'.") from None
+    if log_level not in {"critical", "error", "warning", "info", "debug"}:
+        raise InvalidArgumentError(f"--log-level must be critical, error, warning, info or debug, got {log_level!r}.")
+    metrics = ServerMetrics()
+    err.print("loading the model and rewards…")
+    engine = Engine.from_config(cfg, max_running=max_running, max_queue=max_queue, observer=metrics)
+    settings = ServerSettings(timeout_s=timeout_s, default_max_tokens=default_max_tokens,
+                              max_tokens_limit=max_tokens_limit, max_n=max_n, shutdown_deadline_s=shutdown_deadline_s)
+    app = create_app(engine, settings=settings, metrics=metrics)
+    class DrainingServer(uvicorn.Server):
+        """On the first SIGTERM/SIGINT, mark the app draining (new requests: 503), then uvicorn's graceful exit."""
+
+        def handle_exit(self, sig, frame):
+            app.state.draining = True
+            super().handle_exit(sig, frame)
+
+    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                            timeout_graceful_shutdown=shutdown_deadline_s, access_log=False))
+    shown = f"[{host}]" if ":" in host else host
+    err.print(f"steerkit serve: {engine.model_name} with rewards {', '.join(engine.reward_names()) or '(none)'} "
+              f"on http://{shown}:{port}  (playground /, OpenAI API /v1, metrics /metrics; Ctrl-C to stop)")
+    server.run()
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise InvalidArgumentError(f"port {port} on {host} is already in use; pass another --port.") from None
+            raise InvalidArgumentError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; check --host.") from None
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)

@@ -1,0 +1,131 @@
+"""What the server tests share: a real uvicorn server on a free 127.0.0.1 port in a thread, tiny engines, and
+rewards that fail or are slow on purpose (real reward sessions underneath, wrapped)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import torch
+
+from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward
+
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+
+
+def tiny_parts():
+    """A fresh tiny tokenizer (with a chat template), LM and reward (shared fixtures stay untouched)."""
+    tokenizer = make_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer, tiny_lm(tokenizer), tiny_reward(tokenizer)
+
+
+def tiny_engine(parts, rewards=None, **kwargs):
+    from steerkit.serving.engine import Engine
+
+    tokenizer, lm, rm = parts
+    if rewards is None:
+        rewards = {"tiny": RewardModelScorer(rm)}
+    kwargs.setdefault("default_k", 8)
+    return Engine(lm, tokenizer, rewards, **kwargs)
+
+
+class ServerThread:
+    """``with ServerThread(app) as server:`` uvicorn serving ``app`` on ``server.url`` until the block ends."""
+
+    def __init__(self, app, *, graceful_s: float = 5.0):
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=graceful_s, access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "ServerThread":
+        self.thread.start()
+        end = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > end or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start within 30 s")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+        assert not self.thread.is_alive(), "the test server did not stop within 30 s"
+
+
+def wait_until(predicate, timeout: float = 10.0, interval: float = 0.02):
+    """Poll ``predicate`` until it is truthy (returned) or ``timeout`` passes (AssertionError)."""
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)
+
+
+class WrappedReward:
+    """A real reward whose sessions call ``before_score()`` before every ``score`` (to raise, or to sleep)."""
+
+    def __init__(self, inner, name: str, before_score):
+        self.inner, self.name, self.before_score = inner, name, before_score
+
+    def start(self, prefixes, lm_tokenizer):
+        return WrappedSession(self.inner.start(prefixes, lm_tokenizer), self.before_score)
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+class WrappedSession:
+    def __init__(self, inner, before_score):
+        self.inner, self.before_score = inner, before_score
+
+    def score(self, candidates: torch.Tensor) -> torch.Tensor:
+        self.before_score()
+        return self.inner.score(candidates)
+
+    def commit(self, tokens):
+        return self.inner.commit(tokens)
+
+    def keep_rows(self, index):
+        return self.inner.keep_rows(index)
+
+    def add_rows(self, other):
+        return self.inner.add_rows(other.inner if isinstance(other, WrappedSession) else other)
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+def failing_reward(rm, name: str = "boom", after: int = 2) -> WrappedReward:
+    """Its sessions raise RuntimeError from their ``after``-th ``score`` on (each new session starts afresh)."""
+
+    class Failing(WrappedReward):
+        def start(self, prefixes, lm_tokenizer):
+            calls = {"n": 0}
+
+            def before():
+                calls["n"] += 1
+                if calls["n"] >= after:
+                    raise RuntimeError(f"{name} reward failed on purpose")
+
+            return WrappedSession(self.inner.start(prefixes, lm_tokenizer), before)
+
+    return Failing(RewardModelScorer(rm), name, None)
+
+
+def slow_reward(rm, name: str = "slow", seconds: float = 0.05) -> WrappedReward:
+    return WrappedReward(RewardModelScorer(rm), name, lambda: time.sleep(seconds))
