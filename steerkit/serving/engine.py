@@ -62,7 +62,7 @@ class EngineObserver(Protocol):
 
     def on_step(self, seconds: float, running: int, queued: int) -> None: ...
 
-    def on_reward(self, name: str, seconds: float) -> None: ...
+    def on_reward(self, name: str, seconds: float) -> None: ...  # once per step per reward: score + commit
 
     def on_tokens(self, count: int) -> None: ...
 
@@ -254,12 +254,13 @@ class Engine:
         topk_logits, topk_ids = logits.float().topk(K, dim=-1)
         rho: dict[int, dict] = {}
         failed: dict = {}
+        seconds: dict[int, float] = {}  # per reward: score + commit of this step
         for key, group in self._groups.items():
             if not group.parts:
                 continue
             start = time.perf_counter()
             rho[key], errors = group.score(topk_ids, where)
-            self._notify("on_reward", group.name, time.perf_counter() - start)
+            seconds[key] = time.perf_counter() - start
             failed.update(errors)
         tokens = topk_ids[:, 0].clone()  # failed rows commit their first candidate, then leave
         finished: dict = {}
@@ -286,9 +287,11 @@ class Engine:
             if group.parts:
                 start = time.perf_counter()
                 errors = group.commit(tokens, where)
-                self._notify("on_reward", group.name, time.perf_counter() - start)
+                seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
                 for row, exc in errors.items():
                     failed.setdefault(row, exc)
+        for key, spent in seconds.items():
+            self._notify("on_reward", self._groups[key].name, spent)
         finished.update({row: ("error", exc) for row, exc in failed.items()})
         if finished:
             self._remove(finished)

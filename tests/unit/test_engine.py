@@ -166,3 +166,61 @@ def test_queue_bound_raises_server_busy_and_queues_all_or_nothing(lm, tokenizer,
     assert all(h.result(timeout=5).finish.finish_reason == "cancelled" for h in first)
     with pytest.raises(ServerShuttingDownError):
         eng.submit(RowSpec("e", 3))
+
+
+class Recorder:
+    def __init__(self, fail: bool = False):
+        self.steps, self.rewards, self.tokens, self.fail = [], [], 0, fail
+
+    def on_step(self, seconds, running, queued):
+        self.steps.append((seconds, running, queued))
+        if self.fail:
+            raise RuntimeError("a broken metrics backend")
+
+    def on_reward(self, name, seconds):
+        self.rewards.append((name, seconds))
+
+    def on_tokens(self, count):
+        self.tokens += count
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_the_observer_sees_steps_rewards_and_tokens(lm, tokenizer, reward, fail):
+    observer = Recorder(fail)
+    eng = Engine(lm, tokenizer, {"tiny": reward}, default_k=5, observer=observer)
+    eng.start()
+    try:
+        results = [h.result(timeout=TIMEOUT) for h in eng.submit_all(
+            [RowSpec("a b", 6, seed=1, rewards={"tiny": 1.0}), RowSpec("c", 4, seed=2)])]
+    finally:
+        eng.shutdown(0)
+    assert all(r.finish.finish_reason == "length" for r in results)  # a raising observer changes nothing
+    assert observer.tokens == 10 == eng.stats()["tokens"]
+    assert len(observer.steps) == eng.stats()["steps"] == 6
+    assert max(running for _, running, _ in observer.steps) <= 2
+    assert [name for name, _ in observer.rewards] == ["tiny"] * 6  # one observation per step that used it
+    assert all(seconds > 0 for _, seconds in observer.rewards)
+
+
+def test_seeded_rows_arriving_at_random_times_equal_generate_alone(lm, tokenizer, reward):
+    """A bounded run of the determinism measurement (benchmarks/bench_engine.py): 16 rows with random k, β,
+    temperature and length arrive while others run; on the tiny models none differs from running alone."""
+    import random
+    import time
+
+    rng = random.Random(7)
+    specs = [RowSpec(rng.choice(["The quick", "You are a", "I hate it when", "Numbers 01"]), rng.randint(4, 24),
+                     temperature=rng.choice([0, 0.7, 1.0, 1.3]), k=rng.choice([1, 3, 5, 8]), seed=rng.randrange(2**31),
+                     rewards=rng.choice([None, {"tiny": 3.0}, {"tiny": -10.0}])) for _ in range(16)]
+    eng = Engine(lm, tokenizer, {"tiny": reward}, default_k=5, max_running=5)
+    eng.start()
+    try:
+        handles = []
+        for spec in specs:
+            handles.append(eng.submit(spec))
+            time.sleep(rng.choice([0, 0.002, 0.01]))
+        results = [h.result(timeout=TIMEOUT) for h in handles]
+    finally:
+        eng.shutdown(0)
+    differing = [s for s, r in zip(specs, results) if r.token_ids != solo(lm, tokenizer, reward, s)[0]]
+    assert differing == []
