@@ -87,6 +87,11 @@ def run_server(cfg, *, host: str, port: int, max_running: int, max_queue: int, t
         def handle_exit(self, sig, frame):
             app.state.draining = True
             super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal after its graceful exit (the process then dies by SIGTERM, status
+            # 143); a drained server has done what SIGTERM asks: exit 0 instead
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
 
     server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                             timeout_graceful_shutdown=shutdown_deadline_s, access_log=False))

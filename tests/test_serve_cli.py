@@ -1,0 +1,161 @@
+"""`steerkit serve` as a process: it serves a tiny model from directories given on the command line, SIGTERM lets
+the request in flight finish and then exits 0, and its user errors are one `error:` line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("fastapi")
+
+from serve_support import wait_until  # noqa: E402
+
+import torch  # noqa: E402
+
+from steerkit.rewards.model import RewardModel  # noqa: E402
+from steerkit.testing import make_tokenizer, save_tiny_lm  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve-cli")
+    tokenizer = make_tokenizer()
+    lm_dir = save_tiny_lm(root / "lm", tokenizer, seed=0, layers=4, hidden=64)
+    rm = RewardModel.from_backbone(str(save_tiny_lm(root / "backbone", tokenizer, seed=1)), 2, name="tiny-rm")
+    torch.manual_seed(101)
+    torch.nn.init.normal_(rm.head.weight, std=0.5)
+    rm_dir = rm.save_pretrained(root / "rm")
+    return lm_dir, rm_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(args, port):
+    # no plugins: the server then loads only the tiny models named here (not every installed reward)
+    env = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "STEERKIT_PLUGINS": ""}
+    return subprocess.Popen([sys.executable, "-m", "steerkit", "serve", "--port", str(port), "--log-level", "warning",
+                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_healthy(proc, url):
+    def healthy():
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited with {proc.returncode}: {proc.stderr.read()}")
+        try:
+            return httpx.get(url + "/health", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(healthy, timeout=90, interval=0.2)
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits(model_dirs):
+    lm_dir, rm_dir = model_dirs
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start(["--lm", str(lm_dir), "--reward", f"{rm_dir}=3", "-k", "40", "--shutdown-deadline", "60"], port)
+    try:
+        wait_healthy(proc, url)
+        models = httpx.get(url + "/v1/models").json()["data"][0]
+        assert models["steering"]["rewards"] == [str(rm_dir)]
+        body = {"prompt": "The quick brown fox", "max_tokens": 200, "seed": 0, "stream": True, "reward_trace": True}
+        chunks, after_term = [], 0
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            for line in lines:
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[6:]))
+                    break
+            proc.send_signal(signal.SIGTERM)
+            termed = time.monotonic()
+            for line in lines:
+                if line.startswith("data: {"):
+                    chunks.append(json.loads(line[6:]))
+                    after_term += 1
+                elif line == "data: [DONE]":
+                    chunks.append("DONE")
+        assert chunks[-1] == "DONE"
+        last = chunks[-2]
+        assert "error" not in last and last["choices"][0]["finish_reason"] in {"stop", "length"}
+        assert after_term >= 1  # it went on streaming after SIGTERM
+        # trace items all name the reward given on the command line (the default steering)
+        assert all(set(c["choices"][0]["reward_trace"][0]["rewards"]) == {str(rm_dir)}
+                   for c in chunks[:-2] if c["choices"][0].get("reward_trace"))
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - termed < 30
+        with pytest.raises(httpx.TransportError):  # nothing listens any more
+            httpx.get(url + "/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sigterm_past_the_deadline_cancels_what_is_left(model_dirs):
+    lm_dir, rm_dir = model_dirs
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start(["--lm", str(lm_dir), "--reward", f"{rm_dir}=3", "-k", "100", "--shutdown-deadline", "0.3"], port)
+    try:
+        wait_healthy(proc, url)
+        body = {"prompt": "Hello", "max_tokens": 240, "seed": 0, "stream": True, "n": 4}
+        events = []
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            lines = r.iter_lines()
+            events.append(next(line for line in lines if line.startswith("data: {")))
+            proc.send_signal(signal.SIGTERM)
+            termed = time.monotonic()
+            try:
+                events += [line for line in lines if line]
+            except httpx.TransportError:
+                pass  # uvicorn closed the connection when its graceful deadline passed
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - termed < 15
+        chunks = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
+        finished = [c for c in chunks if c.get("choices") and c["choices"][0].get("finish_reason") in {"stop", "length"}]
+        assert len(finished) < 4  # 4 rows × 240 tokens take seconds: the 0.3 s deadline cut them off
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_user_errors_are_one_line_and_exit_2(model_dirs, capsys, monkeypatch):
+    from steerkit.cli import main
+
+    monkeypatch.setenv("STEERKIT_PLUGINS", "")
+    lm_dir, _ = model_dirs
+
+    def run(argv):
+        with pytest.raises(SystemExit) as info:
+            main(["serve", *argv])
+        return info.value.code, capsys.readouterr().err
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, err = run(["--lm", str(lm_dir), "--port", str(port)])
+    assert code == 2 and err.strip().splitlines() == [f"error: port {port} on 127.0.0.1 is already in use; pass "
+                                                      "another --port."]
+    code, err = run(["--lm", str(lm_dir), "--port", str(free_port()), "--reward", "no-such-reward=2"])
+    assert code == 2 and err.strip().splitlines()[-1].startswith("error: ") and "no-such-reward" in err
+    code, err = run(["--lm", str(lm_dir), "--port", str(free_port()), "--reward", "x=nan"])
+    assert code == 2 and "beta must be finite" in err
+    code, err = run(["--port", "0"])
+    assert code == 2 and "--port" in err
+    assert "Traceback" not in err

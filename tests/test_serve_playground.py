@@ -1,0 +1,120 @@
+"""The playground page at `/` in a real headless Chromium (selenium): it loads the rewards, a slider moves β, and a
+generation streams into both panes with tokens shaded by their reward. Skips, saying why, without a browser.
+
+``STEERKIT_SCREENSHOT=path.png`` saves a screenshot of the page after the generation (docs/playground.png is
+taken this way on the real SmolLM2 server, see docs/serving.md)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+pytest.importorskip("fastapi")
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+
+from serve_support import ServerThread, tiny_engine, tiny_parts  # noqa: E402
+
+from steerkit.serving.app import ServerSettings, create_app  # noqa: E402
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+pytestmark = [
+    pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
+                       reason="no headless browser: install Debian's chromium and chromium-driver packages"),
+    pytest.mark.timeout(120),
+    pytest.mark.slow,
+]
+
+
+def browser(width: int = 1400, height: int = 900):
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 f"--window-size={width},{height}", "--disable-extensions", "--no-first-run"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def drive(url: str, *, prompt: str | None = None, betas: dict | None = None, max_tokens: int = 24,
+          screenshot: str | None = None, timeout: float = 60):
+    """Open the playground, set the prompt and sliders, generate, wait for both panes; returns what they show."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser()
+    try:
+        driver.get(url + "/")
+        wait = WebDriverWait(driver, timeout)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#rewards input[type=range]"))
+        if prompt is not None:
+            box = driver.find_element(By.ID, "prompt")
+            box.clear()
+            box.send_keys(prompt)
+        tokens = driver.find_element(By.ID, "max-tokens")
+        tokens.clear()
+        tokens.send_keys(str(max_tokens))
+        for slider in driver.find_elements(By.CSS_SELECTOR, "#rewards input[type=range]"):
+            name = slider.get_attribute("data-reward")
+            if betas is not None and name not in betas:
+                continue
+            target = (betas or {}).get(name, 60)
+            slider.click()  # focus it, then move it with the keyboard as a user would
+            current = int(slider.get_attribute("value"))
+            key = Keys.ARROW_RIGHT if target > current else Keys.ARROW_LEFT
+            slider.send_keys(*([key] * abs(target - current)))
+        moved = {s.get_attribute("data-reward"): int(s.get_attribute("value"))
+                 for s in driver.find_elements(By.CSS_SELECTOR, "#rewards input[type=range]")}
+        labels = {name: driver.find_element(By.ID, f"beta-{name}-value").text for name in moved}
+        driver.find_element(By.ID, "generate").click()
+        wait.until(lambda d: all(d.find_element(By.ID, p).get_attribute("data-done") == "1"
+                                 for p in ("unsteered", "steered")))
+        result = {"moved": moved, "labels": labels}
+        for pane in ("unsteered", "steered"):
+            spans = driver.find_elements(By.CSS_SELECTOR, f"#{pane} .tok")
+            result[pane] = {"text": "".join(s.get_attribute("textContent") for s in spans), "tokens": len(spans),
+                            "shaded": sum(1 for s in spans if s.get_attribute("data-rho") is not None),
+                            "status": driver.find_element(By.ID, f"{pane}-status").text,
+                            "meta": driver.find_element(By.ID, f"{pane}-meta").text}
+        if screenshot:
+            driver.save_screenshot(screenshot)
+        return result
+    finally:
+        driver.quit()
+
+
+def test_the_playground_streams_both_panes_in_chromium(tmp_path):
+    engine = tiny_engine(tiny_parts(), max_running=4, max_queue=8)
+    with ServerThread(create_app(engine, settings=ServerSettings(timeout_s=60))) as server:
+        shot = os.environ.get("STEERKIT_SCREENSHOT") or str(tmp_path / "playground.png")
+        result = drive(server.url, prompt="The quick brown", betas={"tiny": 40}, max_tokens=12, screenshot=shot)
+        server_url = server.url
+        check(result, engine, server_url, shot)
+
+
+def api_text(url: str, body: dict) -> str:
+    import httpx
+
+    return httpx.post(url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+
+
+def check(result, engine, server_url, shot):
+    assert result["moved"] == {"tiny": 40} and result["labels"] == {"tiny": "40"}
+    assert all(result[pane]["tokens"] >= 1 for pane in ("unsteered", "steered")), result
+    assert result["steered"]["meta"] == "tiny=40" and result["unsteered"]["meta"] == "every β = 0"
+    for pane in ("unsteered", "steered"):  # every token is shaded by its reward
+        assert result[pane]["shaded"] == result[pane]["tokens"], result
+        assert "finish:" in result[pane]["status"]
+        assert "error" not in result[pane]["status"].lower(), result
+    assert os.path.getsize(shot) > 10_000
+    assert engine.stats()["running"] == 0
+    # the unsteered pane (every β = 0) shows what an unsteered request (rewards: {}) generates
+    plain = {"prompt": "The quick brown", "max_tokens": 12, "temperature": 1, "seed": 0, "k": engine.default_k}
+    assert result["unsteered"]["text"] == api_text(server_url, {**plain, "rewards": {}})
+    assert result["steered"]["text"] == api_text(server_url, {**plain, "rewards": {"tiny": 40}})
