@@ -306,19 +306,18 @@ def export_source(reference: str) -> tuple[RewardModel, str, dict]:
     if path.is_dir():
         model = RewardModel.from_pretrained(path)
         return model, reward_dir_hash(path), {"kind": "directory", "directory": str(path.resolve())}
-    from .loading import load_reward
+    from ..registry import get_registry  # (not rewards.loading, which reaches this module back through token_onnx)
 
     try:  # a plugin's reward_model_factory exposes the directory it loads: hash its files like a path
-        from ..registry import get_registry
-
         directory = getattr(get_registry().get("reward", reference).factory, "directory", None)
-    except Exception:  # not registered (load_reward below raises the helpful error) or no registry
+    except Exception:  # not registered (the lookup below raises the helpful error) or no registry
         directory = None
     if directory is not None and (Path(directory) / CONFIG_NAME).is_file():
         model = RewardModel.from_pretrained(directory)
         return model, reward_dir_hash(directory), {"kind": "registered", "name": reference,
                                                    "directory": str(Path(directory).resolve())}
-    scorer = load_reward(reference, backend="torch")
+    entry = get_registry().get("reward", reference)  # an unknown name raises PluginError, listing the registered
+    scorer = entry.build(entry.accepted({"backend": "torch", "context": "continuation"}))
     model = getattr(scorer, "model", None)
     if not isinstance(model, RewardModel):
         raise ExportError(f"Reward {reference!r} is not backed by a steerkit RewardModel, so it cannot be "

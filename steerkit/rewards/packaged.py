@@ -65,8 +65,9 @@ def describe_reward_model(directory: str | os.PathLike, attribute: str) -> str:
         data = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return f"{attribute} (unreadable {config})"
+    kind = ", token-level head" if data.get("kind") == "token" else ""
     return (f"{data.get('attribute') or attribute} ({data.get('backbone', '?')}, {data.get('num_layers')} layers, "
-            f"{data.get('method', '?')})")
+            f"{data.get('method', '?')}{kind})")
 
 
 @functools.lru_cache(maxsize=8)

@@ -16,9 +16,15 @@ __version__ = "0.1.0"
 NAME = "sentiment"
 ATTRIBUTE = "probability that the text expresses positive sentiment"
 MODEL_DIR = Path(__file__).resolve().parent / "model"
+#: the token-level variant (kind: token, ``sentiment-token``): one reward-model token per step at any k, LM of the
+#: SmolLM2 tokenizer family only (train_token.yaml)
+TOKEN_NAME = "sentiment-token"
+TOKEN_MODEL_DIR = Path(__file__).resolve().parent / "model_token"
 
 
 @hookimpl
 def register_reward_models(register):
     register(NAME, reward_model_factory(MODEL_DIR, name=NAME, package="steerkit-sentiment"),
              description=describe_reward_model(MODEL_DIR, ATTRIBUTE))
+    register(TOKEN_NAME, reward_model_factory(TOKEN_MODEL_DIR, name=TOKEN_NAME, package="steerkit-sentiment"),
+             description=describe_reward_model(TOKEN_MODEL_DIR, ATTRIBUTE))

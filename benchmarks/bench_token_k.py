@@ -1,0 +1,128 @@
+"""Step cost against k: plain top-k sampling vs the sequence reward (`toxicity`) vs the token-level one
+(`toxicity-token`), on SmolLM2-135M-Instruct, batch 1 and batch 8, measured side by side in one run.
+
+A step's time is taken without the prompt's prefill: (time of S + 1 new tokens − time of 1 new token) / S, the
+minimum over repeats. The sequence reward scores k candidate positions per row and step; the token-level one
+runs one reward-model position per row and step plus a gather of k output embeddings (or one [B, V] product).
+The sequence reward is not run at the whole vocabulary: its block mask alone would hold k·(T + k) floats per row
+(9.7 GB at k = 49,152), and at k = 1000 its step is already seconds long.
+
+    python benchmarks/bench_token_k.py                   # ~8 min on one thread of a 2-core CPU
+    python benchmarks/bench_token_k.py --steps 4 --repeats 1 --out /tmp/quick.json
+
+Writes benchmarks/results/bench_token_k.json and, with matplotlib, docs/results/token_step_time_vs_k.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from steerkit.decoding import RewardAugmentedGenerator
+from steerkit.models import load_causal_lm_cached
+from steerkit.rewards.loading import load_reward
+from steerkit.steering import SteeringTerm
+
+PROMPTS = ["The weather in Paris today is", "My neighbour told me that the new restaurant",
+           "Scientists have discovered a new species of", "When I opened the door, I saw",
+           "The best way to learn a language is", "Yesterday the city council voted to",
+           "She looked at the old photograph and", "In the year 2050, most people will"]
+ROOT = Path(__file__).resolve().parent
+
+
+def step_ms(lm, tok, terms, k, rows, steps, repeats) -> float:
+    generator = RewardAugmentedGenerator(lm, tok, terms, k=k)
+    prompts = PROMPTS[:rows]
+
+    def timed(n):
+        best = float("inf")
+        for r in range(repeats):
+            t0 = time.perf_counter()
+            generator.generate(prompts, max_new_tokens=n, seed=r, eos_token_id=[])
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    return 1000 * (timed(steps + 1) - timed(1)) / steps
+
+
+def plot(results: dict, vocab: int, out: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=False)
+    for ax, (setting, rows) in zip(axes, results.items()):
+        for kind, style in (("plain", "k:"), ("toxicity", "o-"), ("toxicity-token", "s-")):
+            points = sorted((int(k), ms) for k, ms in rows[kind].items() if ms is not None)
+            ax.plot([p[0] for p in points], [p[1] for p in points], style, label=kind)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"k (candidates per step; whole vocabulary = {vocab:,})")
+        ax.set_ylabel("ms per decoding step")
+        ax.set_title(setting)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.suptitle("RAD step time against k: sequence vs token-level reward (SmolLM2-135M, 1 CPU thread)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    return True
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--sequence-max-k", type=int, default=1000, help="largest k run with the sequence reward")
+    parser.add_argument("--out", default=str(ROOT / "results" / "bench_token_k.json"))
+    parser.add_argument("--plot", default=str(ROOT.parent / "docs" / "results" / "token_step_time_vs_k.png"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    lm, tok, _ = load_causal_lm_cached("smollm2-135m-instruct")
+    vocab = lm.config.vocab_size
+    ks = [20, 50, 200, 1000, vocab]
+    rewards = {"toxicity": load_reward("toxicity"), "toxicity-token": load_reward("toxicity-token")}
+    load_before = os.getloadavg()
+    results: dict = {}
+    for rows in (1, 8):
+        setting = f"batch {rows}"
+        table = results[setting] = {"plain": {}, "toxicity": {}, "toxicity-token": {}}
+        for k in ks:
+            table["plain"][k] = step_ms(lm, tok, [], k, rows, args.steps, args.repeats)
+            for name, reward in rewards.items():
+                if name == "toxicity" and k > args.sequence_max_k:
+                    table[name][k] = None
+                    continue
+                table[name][k] = step_ms(lm, tok, [SteeringTerm(reward, -10.0)], k, rows, args.steps,
+                                         args.repeats if k <= 200 else 1)
+            line = "  ".join(f"{n} {v[k]:8.1f} ms" if v[k] is not None else f"{n} (not run)" for n, v in table.items())
+            print(f"{setting} k={k:6d}: {line}", flush=True)
+    ratios = {s: {name: {k: (t[name][k] / t["plain"][k] if t[name][k] is not None else None) for k in ks}
+                  for name in rewards} for s, t in results.items()}
+    payload = {"benchmark": "bench_token_k", "lm": "smollm2-135m-instruct", "vocab_size": vocab, "ks": ks,
+               "steps": args.steps, "repeats": args.repeats, "torch_threads": torch.get_num_threads(),
+               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+               "load_average_before": load_before, "load_average_after": os.getloadavg(),
+               "step_ms": results, "over_plain": ratios}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(payload, indent=2))
+    for setting, per in ratios.items():
+        for name, values in per.items():
+            print(f"{setting} {name}/plain: " + "  ".join(f"k={k}: {v:.2f}x" if v is not None else f"k={k}: -"
+                                                          for k, v in values.items()))
+    if plot(results, vocab, Path(args.plot)):
+        print(f"wrote {args.plot}")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
