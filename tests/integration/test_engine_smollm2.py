@@ -7,6 +7,7 @@ from conftest import requires_smollm2
 pytestmark = [pytest.mark.integration, requires_smollm2, pytest.mark.slow]
 
 
+@pytest.mark.filterwarnings("ignore:reward .* is installed but could not be loaded")
 def test_from_config_serves_every_installed_reward_and_matches_generate():
     import steerkit
     from steerkit.config import SteeringConfig
@@ -16,7 +17,8 @@ def test_from_config_serves_every_installed_reward_and_matches_generate():
 
     engine = Engine.from_config(SteeringConfig.from_dict({"rewards": [{"name": "toxicity", "beta": -5}], "k": 10}),
                                 max_running=4)
-    assert set(engine.reward_names()) >= {r.name for r in list_rewards()} >= {"toxicity"}
+    installed = {r.name for r in list_rewards()}
+    assert {"toxicity", "sentiment"} <= set(engine.reward_names()) <= installed  # an unloadable one is skipped
     engine.start()
     try:
         specs = [RowSpec("Write one sentence about cats.", 8, seed=1),  # the config's default steering
