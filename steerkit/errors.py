@@ -89,3 +89,19 @@ class ServerBusyError(SteerkitError):
 
 class ServerShuttingDownError(SteerkitError):
     """The serving engine is shutting down and admits no new rows (``steerkit serve``: HTTP 503)."""
+
+
+class ClusterError(SteerkitError):
+    """A Ray cluster cannot run the work (``--ray``): the message says what failed and what to do."""
+
+
+class RayNotInstalledError(ClusterError, ImportError):
+    """``--ray`` was given but the ``ray`` package is missing: ``pip install "steerkit[ray]"``."""
+
+
+class ClusterUnreachableError(ClusterError, ConnectionError):
+    """No Ray cluster answers at the ``--ray`` address (or ``auto`` found none)."""
+
+
+class ClusterResourcesError(ClusterError):
+    """The cluster has fewer GPUs or CPUs than the requested actors need (``--actors``, ``--gpus-per-actor``)."""

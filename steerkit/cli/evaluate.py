@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
+from . import scaling as _scaling
 from .common import err
 from ..errors import ConfigError
 
@@ -80,9 +81,11 @@ def _command(task: str):
         threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (1 is fastest on a busy machine)."),
         device: Optional[str] = typer.Option(None, "--device", help="torch device for the models: cpu (default), cuda, cuda:1, mps."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
+        ray_address: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help=_scaling.RAY_HELP),
+        actors: Optional[int] = typer.Option(None, "--actors", min=1, help=_scaling.ACTORS_HELP),
+        threads_per_actor: int = typer.Option(1, "--threads-per-actor", min=1, help=_scaling.THREADS_HELP),
+        gpus_per_actor: Optional[float] = typer.Option(None, "--gpus-per-actor", min=0, help=_scaling.GPUS_HELP),
     ):
-        from ..evaluation.runner import STAGES, EvalRunner
-
         flags = {"prompts": prompts, "field": field, "limit": limit, "offset": offset, "lm": lm, "reward": reward,
                  "direction": direction, "betas": list(beta), "ks": list(k), "num_continuations": n,
                  "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size,
@@ -97,29 +100,40 @@ def _command(task: str):
         if no_trace:
             flags["trace"] = False
         cfg = build_config(task, config, **flags)
-        runner = EvalRunner(cfg, progress=not quiet, log=lambda m: err.print(m))
-        if estimate:
-            est = runner.estimate()
-            typer.echo(json.dumps(est, indent=2))
-            err.print(f"estimated {est['total_seconds'] / 3600:.2f} h for {est['prompts']} prompts × "
-                      f"{est['settings']} settings × {est['continuations_per_prompt']} continuations")
-            return
-        pending = len(runner.pending())
-        total = len(runner.units())
-        if pending < total:
-            err.print(f"resuming {cfg.output}: {total - pending} of {total} prompt×setting units already done")
-        try:
-            result = runner.run(stage or STAGES)
-        except KeyboardInterrupt:
-            done = total - len(runner.pending())
-            err.print(f"interrupted: {done} of {total} prompt×setting units are saved in {cfg.output}; "
-                      "rerun the same command to resume.")
-            raise typer.Exit(130) from None
-        _summary(result)
-        err.print(f"results in {cfg.output}/ (report.md, metrics.json, generations.jsonl)")
+        if ray_address is not None and estimate:
+            raise ConfigError("--estimate times one prompt in this process; drop --ray (or --estimate).")
+        with _scaling.executor_for(ray_address, actors=actors, threads=threads_per_actor, gpus=gpus_per_actor,
+                                   device=cfg.device, log=err.print) as (executor, _plan):
+            _run(cfg, quiet, estimate, stage, executor)
 
     command.__doc__ = f"Evaluate {task} steering over a grid of β and k (resumable)."
     return command
+
+
+def _run(cfg: "EvalConfig", quiet: bool, estimate: bool, stage: list[str], executor) -> None:
+    """Run (or estimate) one eval run; ``executor`` runs its generation stage (None: in this process)."""
+    from ..evaluation.runner import STAGES, EvalRunner
+
+    runner = EvalRunner(cfg, progress=not quiet, log=lambda m: err.print(m), executor=executor)
+    if estimate:
+        est = runner.estimate()
+        typer.echo(json.dumps(est, indent=2))
+        err.print(f"estimated {est['total_seconds'] / 3600:.2f} h for {est['prompts']} prompts × "
+                  f"{est['settings']} settings × {est['continuations_per_prompt']} continuations")
+        return
+    pending = len(runner.pending())
+    total = len(runner.units())
+    if pending < total:
+        err.print(f"resuming {cfg.output}: {total - pending} of {total} prompt×setting units already done")
+    try:
+        result = runner.run(stage or STAGES)
+    except KeyboardInterrupt:
+        done = total - len(runner.pending())
+        err.print(f"interrupted: {done} of {total} prompt×setting units are saved in {cfg.output}; "
+                  "rerun the same command to resume.")
+        raise typer.Exit(130) from None
+    _summary(result)
+    err.print(f"results in {cfg.output}/ (report.md, metrics.json, generations.jsonl)")
 
 
 eval_app.command("toxicity")(_command("toxicity"))

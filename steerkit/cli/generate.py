@@ -1,4 +1,5 @@
-"""``steerkit generate``: steered continuations of prompts given as arguments, a file, or a config."""
+"""``steerkit generate``: steered continuations of prompts given as arguments, a file, or a config; with
+``--input FILE --output OUT.jsonl``, a resumable batch job (in this process or over Ray actors with ``--ray``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import typer
 from .. import threads as _threads
 from ..config import SteeringConfig
 from ..errors import DataError, InvalidArgumentError
+from . import scaling as _scaling
 from .common import err, parse_reward_weight
 
 # Defaults shown in --help (SteeringConfig's); the options default to None so that a --config file can set them.
@@ -40,9 +42,21 @@ def generate(
     device: Optional[str] = typer.Option(None, "--device", help="torch device: cpu, cuda, cuda:1, mps. \\[default: cpu]"),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="SteeringConfig YAML/TOML/JSON file."),
     prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="UTF-8 text file, one prompt per line."),
-    batch_size: int = typer.Option(32, "--batch-size", min=1, help="Rows decoded together (progress per batch)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1,
+                                             help="Rows decoded together. \\[default: 32; with --input: a prompt's "
+                                             "return sequences]"),
     traces: bool = typer.Option(False, "--traces", help="Include per-step traces in --json output."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output (see docs/cli.md)."),
+    input_path: Optional[Path] = typer.Option(None, "--input", "-i", help="JSONL (or .txt) prompt file: a batch job "
+                                              "writing --output, resumable. See docs/scaling.md."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="With --input: the JSONL file of records, "
+                                          "one per prompt × return sequence; rerun to resume."),
+    prompt_field: str = typer.Option("prompt.text", "--prompt-field", help="With --input: dotted field holding the "
+                                     "prompt text in each JSONL record (as eval's prompt `field`)."),
+    ray_address: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help=_scaling.RAY_HELP),
+    actors: Optional[int] = typer.Option(None, "--actors", min=1, help=_scaling.ACTORS_HELP),
+    threads_per_actor: int = typer.Option(1, "--threads-per-actor", min=1, help=_scaling.THREADS_HELP),
+    gpus_per_actor: Optional[float] = typer.Option(None, "--gpus-per-actor", min=0, help=_scaling.GPUS_HELP),
 ):
     """Generate steered continuations."""
     cfg = SteeringConfig.from_file(config) if config else SteeringConfig()
@@ -55,6 +69,20 @@ def generate(
         cfg = cfg.with_overrides({"chat_template": True})
     if reward:
         cfg = cfg.with_rewards([parse_reward_weight(s) for s in reward])
+    if input_path is not None or output is not None:
+        if prompts or prompts_file or as_json or traces:
+            raise InvalidArgumentError("--input/--output run a batch job: its prompts come from --input and its "
+                                       "records go to --output; drop the prompt arguments, --prompts-file, --json "
+                                       "and --traces.")
+        if input_path is None or output is None:
+            raise InvalidArgumentError("A batch job needs both --input PROMPTS.jsonl and --output OUT.jsonl.")
+        run_batch(cfg, input_path, output, prompt_field=prompt_field, stop=stop, batch_size=batch_size,
+                  ray_address=ray_address, actors=actors, threads_per_actor=threads_per_actor,
+                  gpus_per_actor=gpus_per_actor)
+        return
+    if ray_address is not None:
+        raise InvalidArgumentError("--ray shards a batch job: pass --input PROMPTS.jsonl --output OUT.jsonl.")
+    batch_size = batch_size or 32
     texts = list(prompts or [])
     if prompts_file:
         texts += read_prompts_file(prompts_file)
@@ -78,6 +106,56 @@ def generate(
         typer.echo("---")
     err.print(f"{sum(out.num_new_tokens)} tokens in {out.seconds:.1f} s ({out.tokens_per_second:.1f} tok/s, "
               f"{_threads.describe()}; --threads to change)")
+
+
+def run_batch(cfg: SteeringConfig, input_path: Path, output: Path, *, prompt_field: str, stop: list[str],
+              batch_size: int | None, ray_address: str | None, actors: int | None, threads_per_actor: int,
+              gpus_per_actor: float | None) -> None:
+    """``--input``/``--output``: the prompts not yet in the output, in this process or over Ray actors."""
+    import time
+
+    from ..distributed.batch import BatchJob, BatchSettings, prompt_set_name
+
+    settings = BatchSettings(cfg, prompt_set_name(input_path), prompt_field, tuple(stop), batch_size)
+    with _scaling.executor_for(ray_address, actors=actors, threads=threads_per_actor, gpus=gpus_per_actor,
+                               device=cfg.device, log=err.print) as (executor, plan):
+        if plan is not None:
+            settings = settings.with_device(plan.device)
+        elif cfg.device:
+            from ..devices import resolve_device
+
+            resolve_device(cfg.device)  # a device this machine lacks fails before the prompts are read
+        job = BatchJob(settings, input_path, output)
+        todo, total = job.pending(), len(job.prompts)
+        if len(todo) < total:
+            err.print(f"resuming {output}: {total - len(todo)} of {total} prompts already done")
+        start = time.perf_counter()
+        try:
+            with _progress(len(todo)) as advance:
+                done = job.run(executor, advance=advance)
+        except KeyboardInterrupt:
+            left = len(job.pending())
+            err.print(f"interrupted: {total - left} of {total} prompts are saved in {output}; rerun the same "
+                      "command to resume.")
+            raise typer.Exit(130) from None
+    seconds = time.perf_counter() - start
+    rate = f" ({done / seconds:.2f} prompts/s)" if done and seconds > 0 else ""
+    err.print(f"{done} prompts generated in {seconds:.1f} s{rate}; {total} of {total} are in {output}")
+
+
+def _progress(total: int):
+    from contextlib import contextmanager
+
+    @contextmanager
+    def bar():
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("[bold]Generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=err) as progress:
+            task = progress.add_task("prompts", total=total)
+            yield lambda n=1: progress.advance(task, n)
+
+    return bar()
 
 
 def read_prompts_file(path: Path) -> list[str]:

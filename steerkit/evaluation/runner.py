@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -30,6 +30,7 @@ from ..errors import ConfigError, DataError
 from ..models import atomic_write_text
 from . import metrics as M
 from .config import EvalConfig, Setting
+from .generation import Unit, UnitGenerator
 from .prompts import Prompt, load_prompts, unit_seed
 from .store import JsonlStore
 from .traces import trace_is_current, write_trace
@@ -37,26 +38,21 @@ from .traces import trace_is_current, write_trace
 STAGES = ("generate", "score", "fluency", "trace", "report")
 
 
-@dataclass
-class Unit:
-    setting: Setting
-    key: str
-    prompt_set: str
-    prompt: Prompt
-
-
 class EvalRunner:
-    """Runs an :class:`EvalConfig`. Models, rewards and scorers can be injected (tests use tiny ones)."""
+    """Runs an :class:`EvalConfig`. Models, rewards and scorers can be injected (tests use tiny ones).
+
+    ``executor`` runs the generation stage elsewhere (:class:`steerkit.distributed.executor.RayActors` for
+    ``--ray``): it gets the pending units and ``UnitGenerator(config)`` and yields their records in order."""
 
     def __init__(self, config: EvalConfig, *, lm: tuple | None = None, rewards: dict | None = None,
                  scorers: list | None = None, eval_lm: tuple | None = None, progress: bool = True,
-                 log: Callable[[str], None] | None = None, prompts_from_run: bool = False):
+                 log: Callable[[str], None] | None = None, prompts_from_run: bool = False, executor=None):
         config.require_prompts()
         self.config = config
         self.out = Path(config.output)
-        self._lm = lm
+        self.models = UnitGenerator(config, lm=lm, rewards=rewards)
+        self.executor = executor
         self._lm_injected = lm is not None
-        self._rewards = dict(rewards or {})
         self._scorers = scorers
         self._eval_lm = eval_lm
         self.progress = progress
@@ -107,12 +103,10 @@ class EvalRunner:
     def pending(self) -> list[Unit]:
         return [u for u in self.units() if (u.prompt_set, u.prompt.index, u.setting.name) not in self.generations]
 
-    # -- models ---------------------------------------------------------------------------------
+    # -- models (see .generation) -------------------------------------------------------------------
     def device(self) -> str:
         """The torch device the run's models live on (``config.device``; the CPU by default)."""
-        from ..devices import resolve_device
-
-        return resolve_device(self.config.device)
+        return self.models.device()
 
     def apply_threads(self) -> None:
         from ..threads import set_threads
@@ -120,37 +114,16 @@ class EvalRunner:
         set_threads(self.config.threads)  # None: steerkit's default (see steerkit.threads)
 
     def lm(self):
-        if self._lm is None:
-            from ..models import load_causal_lm_cached
-
-            model, tokenizer, _ = load_causal_lm_cached(self.config.lm)
-            self._lm = (model.to(self.device()), tokenizer)
-        return self._lm
+        return self.models.lm()
 
     def reward(self, name: str, context: str = "continuation"):
-        key = (name, context)
-        if key not in self._rewards:
-            if name in self._rewards:
-                return self._rewards[name]
-            from ..devices import move_reward
-            from ..rewards.loading import load_reward
-
-            reward = load_reward(name, backend=self.config.backend, context=context)
-            self._rewards[key] = move_reward(reward, self.device())
-        return self._rewards[key]
+        return self.models.reward(name, context)
 
     def terms(self, setting: Setting):
-        """The setting's steering terms, built like a steering config's (labels included) on this run's rewards."""
-        from ..terms import terms_from_specs
-
-        return terms_from_specs(setting.rewards, backend=self.config.backend,
-                                load=lambda name, backend, context: self.reward(name, context))
+        return self.models.terms(setting)
 
     def generator(self, setting: Setting):
-        from ..decoding import RewardAugmentedGenerator
-
-        model, tokenizer = self.lm()
-        return RewardAugmentedGenerator(model, tokenizer, self.terms(setting), k=setting.k)
+        return self.models.generator(setting)
 
     def scorer_objects(self) -> list:
         if self._scorers is None:
@@ -184,31 +157,31 @@ class EvalRunner:
         return result
 
     def generate(self, limit: int | None = None) -> int:
-        """Generate every pending unit (or the first ``limit``); returns how many were done."""
+        """Generate every pending unit (or the first ``limit``), in order; returns how many were done."""
         todo = self.pending()
         if limit is not None:
             todo = todo[:limit]
         if not todo:
             return 0
-        cfg = self.config
-        device = self.device()  # fail before any work when the device is missing
-        generators: dict[str, object] = {}
+        if self.executor is None:
+            self.device()  # fail before any work when the device is missing
+            generators: dict[str, object] = {}
+
+            def record(unit: Unit) -> dict:
+                if unit.setting.name not in generators:
+                    generators[unit.setting.name] = self.generator(unit.setting)
+                return self.models.record(unit, generators[unit.setting.name])
+
+            records = map(record, todo)
+        else:  # each actor loads the models from the config's references, on the executor's device if it has one
+            device = getattr(self.executor, "device", None)
+            config = self.config if device in (None, self.config.device) else \
+                self.config.with_overrides({"device": device})
+            records = self.executor.map(todo, partial(UnitGenerator, config))
         done = 0
         with self._bar("Generating", len(todo)) as advance:
-            for unit in todo:
-                gen = generators.get(unit.setting.name)
-                if gen is None:
-                    gen = generators[unit.setting.name] = self.generator(unit.setting)
-                out = gen.generate([unit.prompt.text], max_new_tokens=cfg.max_new_tokens, do_sample=True,
-                                   temperature=cfg.temperature, num_return_sequences=cfg.num_continuations,
-                                   seed=unit_seed(cfg.seed, unit.prompt_set, unit.prompt.index),
-                                   batch_size=cfg.batch_size or cfg.num_continuations)
-                self.generations.append({
-                    "prompt_set": unit.prompt_set, "index": unit.prompt.index, "setting": unit.setting.name,
-                    "key": unit.key, "prompt": unit.prompt.text, "continuations": out.texts,
-                    "num_new_tokens": out.num_new_tokens, "seconds": out.seconds,
-                    "device": device,
-                })
+            for record in records:
+                self.generations.append(record)
                 done += 1
                 advance()
         return done

@@ -1,0 +1,93 @@
+"""The generation stage of an eval run, one unit (prompt set, prompt, setting) at a time.
+
+:class:`UnitGenerator` holds the run's LM and rewards (loaded once, or injected by tests) and turns a
+:class:`Unit` into its ``generations.jsonl`` record. The runner calls it in its own process; with
+``steerkit eval --ray`` the runner sends ``UnitGenerator(config)`` to Ray actors instead, each of which loads the
+models from the config's references (see :mod:`steerkit.distributed.executor`). The record depends only on the
+config and the unit (the seed comes from :func:`~.prompts.unit_seed`), so both write the same continuations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import EvalConfig, Setting
+from .prompts import Prompt, unit_seed
+
+
+@dataclass
+class Unit:
+    setting: Setting
+    key: str
+    prompt_set: str
+    prompt: Prompt
+
+
+class UnitGenerator:
+    """The run's models and one generations record per unit. ``functools.partial(UnitGenerator, config)`` is
+    the worker factory Ray actors get: the models load on first use, in the process that uses them."""
+
+    def __init__(self, config: EvalConfig, *, lm: tuple | None = None, rewards: dict | None = None):
+        self.config = config
+        self._lm = lm
+        self._rewards = dict(rewards or {})
+        self._generators: dict[str, object] = {}
+        self._device: str | None = None
+
+    def __call__(self, unit: Unit) -> dict:
+        gen = self._generators.get(unit.setting.name)
+        if gen is None:
+            gen = self._generators[unit.setting.name] = self.generator(unit.setting)
+        return self.record(unit, gen)
+
+    def record(self, unit: Unit, gen) -> dict:
+        """``unit``'s generations record, made with ``gen`` (a generator for ``unit.setting``)."""
+        cfg = self.config
+        out = gen.generate([unit.prompt.text], max_new_tokens=cfg.max_new_tokens, do_sample=True,
+                           temperature=cfg.temperature, num_return_sequences=cfg.num_continuations,
+                           seed=unit_seed(cfg.seed, unit.prompt_set, unit.prompt.index),
+                           batch_size=cfg.batch_size or cfg.num_continuations)
+        return {"prompt_set": unit.prompt_set, "index": unit.prompt.index, "setting": unit.setting.name,
+                "key": unit.key, "prompt": unit.prompt.text, "continuations": out.texts,
+                "num_new_tokens": out.num_new_tokens, "seconds": out.seconds, "device": self.device()}
+
+    def device(self) -> str:
+        """The torch device the run's models live on (``config.device``; the CPU by default)."""
+        from ..devices import resolve_device
+
+        if self._device is None:
+            self._device = resolve_device(self.config.device)
+        return self._device
+
+    def lm(self):
+        if self._lm is None:
+            from ..models import load_causal_lm_cached
+
+            model, tokenizer, _ = load_causal_lm_cached(self.config.lm)
+            self._lm = (model.to(self.device()), tokenizer)
+        return self._lm
+
+    def reward(self, name: str, context: str = "continuation"):
+        key = (name, context)
+        if key not in self._rewards:
+            if name in self._rewards:
+                return self._rewards[name]
+            from ..devices import move_reward
+            from ..rewards.loading import load_reward
+
+            reward = load_reward(name, backend=self.config.backend, context=context)
+            self._rewards[key] = move_reward(reward, self.device())
+        return self._rewards[key]
+
+    def terms(self, setting: Setting):
+        """The setting's steering terms, built like a steering config's (labels included) on this run's rewards."""
+        from ..terms import terms_from_specs
+
+        return terms_from_specs(setting.rewards, backend=self.config.backend,
+                                load=lambda name, backend, context: self.reward(name, context))
+
+    def generator(self, setting: Setting):
+        from ..decoding import RewardAugmentedGenerator
+
+        model, tokenizer = self.lm()
+        return RewardAugmentedGenerator(model, tokenizer, self.terms(setting), k=setting.k)
