@@ -224,3 +224,25 @@ def test_seeded_rows_arriving_at_random_times_equal_generate_alone(lm, tokenizer
         eng.shutdown(0)
     differing = [s for s, r in zip(specs, results) if r.token_ids != solo(lm, tokenizer, reward, s)[0]]
     assert differing == []
+
+
+@pytest.mark.parametrize("stop", [[], ["ok"], ["🚀 x", "zzz"]])
+def test_streamed_text_holds_back_partial_characters_and_stop_prefixes(tokenizer, stop):
+    """Token by token, the streamed pieces add up to the decoded text (up to the first stop string); a piece
+    never ends inside a multi-byte character (U+FFFD) and never contains text that a stop string then claims."""
+    from steerkit.serving.rows import StreamText
+
+    text = "Café déjà 🙂 ok 🚀 x tail"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    stream = StreamText(tokenizer, stop)
+    pieces, stopped = [], False
+    for i in range(1, len(ids) + 1):
+        piece, stopped = stream.push(ids[:i], final=i == len(ids))
+        assert "\ufffd" not in piece
+        pieces.append(piece)
+        if stopped:
+            break
+    full = tokenizer.decode(ids, skip_special_tokens=True)
+    cut = min([full.index(s) for s in stop if s in full], default=len(full))
+    assert "".join(pieces) == full[:cut]
+    assert stopped == (cut < len(full))
