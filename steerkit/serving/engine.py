@@ -89,6 +89,7 @@ class Engine:
         self.observer = observer
         self.model_name = model_name or getattr(config, "_name_or_path", None) or type(lm).__name__
         self._batch = LMBatch(self.lm)
+        self._batch.prefill([tokenizer.eos_token_id or 0])  # an LM whose KV cache cannot be batched fails now
         self._running: list[Row] = []
         self._groups: dict[int, RewardGroup] = {}
         self._queue: deque[Row] = deque()

@@ -246,3 +246,13 @@ def test_streamed_text_holds_back_partial_characters_and_stop_prefixes(tokenizer
     cut = min([full.index(s) for s in stop if s in full], default=len(full))
     assert "".join(pieces) == full[:cut]
     assert stopped == (cut < len(full))
+
+
+def test_an_lm_with_a_sliding_window_cache_is_refused_at_construction(tokenizer):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+                              sliding_window=16, layer_types=["sliding_attention", "full_attention"])
+    with pytest.raises(InvalidArgumentError, match="sliding-window KV cache"):
+        Engine(Gemma3ForCausalLM(config), tokenizer, {})
