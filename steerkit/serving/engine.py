@@ -13,7 +13,9 @@ The contract the HTTP layer codes against (issue 14)::
     handles = engine.submit_all(specs)   # n > 1: all rows are queued, or none (ServerBusyError)
     async for event in handle.events(): ...   # TokenEvent ..., then one FinishEvent
     handle.cancel()                  # the row leaves the batch at the next step
-    engine.stats(); engine.reward_names(); engine.model_name
+    engine.stats(); engine.reward_names(); engine.model_name; engine.tokenizer; engine.lm
+    engine.observer = metrics        # may also be set after construction, before start()
+    handle.result(timeout)           # outside an event loop: the collected Completion (scripts, tests)
     engine.shutdown(deadline_s)      # stop admitting; finish rows in flight until the deadline; cancel the rest
 
 Per step (:meth:`Engine._step`): the LM's next-token logits of every row (kept from the previous forward, or
@@ -25,7 +27,7 @@ use it (:mod:`.reward_groups`), each row's choice with its own k, β, temperatur
 ``generate([prompt], lm=(lm, tokenizer), rewards=..., k=..., temperature=..., seed=s, max_new_tokens=...)``
 draws (``do_sample=False`` for temperature 0): the same prefill (each prompt runs alone), the same maths and
 the same random stream. Its tokens are equal whenever batched float arithmetic gives the row the same logits
-and rewards as running alone; ``docs/serving_determinism.md`` says how often it does not. The text differs in
+and rewards as running alone; ``docs/serving_determinism.md`` has the measured drift and mismatch counts. The text differs in
 one way: a stop string ends the completion *before* the stop string (OpenAI), where ``generate`` keeps it.
 """
 
