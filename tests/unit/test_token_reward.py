@@ -173,3 +173,32 @@ def test_saved_token_model_loads_as_a_token_reward_and_not_as_a_sequence_model(t
 
     with pytest.raises(InvalidArgumentError, match="token-level"):
         load_token_model(tmp_path / "rm", backend="other")
+
+
+def test_one_steering_config_composes_a_token_and_a_sequence_reward_directory(tmp_path, tiny_backbone_dir):
+    from steerkit.config import SteeringConfig
+    from steerkit.rewards.scorer import RewardModelScorer
+
+    token = TokenRewardModel.from_backbone(str(tiny_backbone_dir), 1, name="tok")
+    seq = RewardModel.from_backbone(str(tiny_backbone_dir), 1, name="seq")
+    token.save_pretrained(tmp_path / "tok")
+    seq.save_pretrained(tmp_path / "seq")
+    path = tmp_path / "steer.yaml"
+    path.write_text(f"lm: {tiny_backbone_dir}\nk: 50\nrewards:\n  - {{name: {tmp_path / 'tok'}, beta: -5}}\n"
+                    f"  - {{name: {tmp_path / 'seq'}, beta: 3}}\n", encoding="utf-8")
+    terms = SteeringConfig.from_file(path).build_terms()
+    assert isinstance(terms[0].reward, TokenReward) and not terms[0].is_sequence_reward
+    assert isinstance(terms[1].reward, RewardModelScorer) and terms[1].is_sequence_reward
+
+
+def test_data_from_takes_the_data_recipe_of_another_config(tmp_path):
+    from steerkit.training import TrainConfig
+
+    (tmp_path / "train.yaml").write_text("output_dir: seq\ndata_root: data\ndev_fraction: 0.2\n"
+                                         "data: [{path: a.txt, label_value: 1}]\neval: [{path: b.txt, label_value: 0}]\n",
+                                         encoding="utf-8")
+    (tmp_path / "token.yaml").write_text("data_from: train.yaml\nkind: token\noutput_dir: tok\ndev_fraction: 0.1\n",
+                                         encoding="utf-8")
+    config = TrainConfig.from_file(tmp_path / "token.yaml")
+    assert config.kind == "token" and [s.path for s in config.data] == ["a.txt"] and len(config.eval) == 1
+    assert config.dev_fraction == 0.1 and config.data_root == str(tmp_path / "data")  # the file's own keys win
