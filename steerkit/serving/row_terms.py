@@ -74,7 +74,8 @@ def _specs(rewards) -> list:
             raise InvalidArgumentError(f"{FORMS}; item {i} is {item!r:.80}.")
         name = data.get("name")
         if not isinstance(name, str) or not name:
-            raise InvalidArgumentError(f"Reward {i} needs a non-empty name (a reward this server serves), got {name!r}.")
+            raise InvalidArgumentError(f"Reward {i} needs a non-empty name (a reward this server serves), "
+                                       f"got {name!r}.")
         check_unicode(name, f"Reward name {i}")
         if "beta" not in data:
             raise InvalidArgumentError(f"Reward {name!r} needs a beta (a number; < 0 steers away).")

@@ -91,8 +91,8 @@ def test_a_row_alone_equals_the_row_while_others_join_and_leave(engine):
 def test_traces_are_the_rewards_of_the_chosen_tokens(engine, lm, tokenizer, reward):
     spec = RowSpec("The movie was", 6, seed=3, rewards={"tiny": 2.0}, trace=True)
     res = engine.submit(spec).result(timeout=TIMEOUT)
-    out = steerkit.generate([spec.prompt], lm=(lm, tokenizer), rewards=[steerkit.SteeringTerm(reward, 2.0, name="tiny")],
-                            k=5, max_new_tokens=6, seed=3, return_traces=True)
+    out = steerkit.generate([spec.prompt], lm=(lm, tokenizer), k=5, max_new_tokens=6, seed=3, return_traces=True,
+                            rewards=[steerkit.SteeringTerm(reward, 2.0, name="tiny")])
     for step, (token, rewards) in enumerate(zip(res.token_ids, res.rewards)):
         trace = out.traces[0][step]
         j = trace.topk_ids[0].tolist().index(token)

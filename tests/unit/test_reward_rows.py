@@ -14,7 +14,8 @@ from steerkit.rewards.bridge import BridgedSession
 from steerkit.rewards.scorer import RewardModelScorer
 from steerkit.rewards.sessions import SameTokenizerSession
 
-PROMPTS = ["The quick brown fox jumps", "", "You are", "Café déjà vu: naïve 🙂 résumé", "I hate it", "Numbers 0123 and"]
+PROMPTS = ["The quick brown fox jumps", "", "You are", "Café déjà vu: naïve 🙂 résumé", "I hate it",
+           "Numbers 0123 and"]
 TOL = 1e-5
 
 
@@ -106,8 +107,8 @@ def test_torch_same_tokenizer_rows_join_and_leave(tokenizer, reward_model, seed)
 
 def test_torch_continuation_rows_join_and_leave(tokenizer, reward_model):
     reward = RewardModelScorer(reward_model)  # continuation: every row starts from the start token alone
-    drive(reward, tokenizer, lambda prefix, ids, cands: same_tokenizer_reference(reward_model, tokenizer)("", ids, cands),
-          seed=3)
+    reference = same_tokenizer_reference(reward_model, tokenizer)
+    drive(reward, tokenizer, lambda prefix, ids, cands: reference("", ids, cands), seed=3)
 
 
 def test_bridged_rows_join_and_leave(tokenizer, bridged_rm):
