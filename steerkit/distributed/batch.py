@@ -19,6 +19,7 @@ whose sequences were only partly written is generated again (same seed, same sam
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -58,13 +59,14 @@ class BatchSettings:
                              self.stop, self.batch_size)
 
     def record_settings(self) -> dict:
+        """The ``settings`` of every record, as JSON gives them back (tuples as lists)."""
         c = self.config
-        return {"lm": c.lm, "k": c.k, "rewards": [r.model_dump() for r in c.rewards], "do_sample": c.do_sample,
+        return json.loads(json.dumps({"lm": c.lm, "k": c.k, "rewards": [r.model_dump() for r in c.rewards], "do_sample": c.do_sample,
                 "temperature": c.temperature, "max_new_tokens": c.max_new_tokens,
                 "num_return_sequences": c.num_return_sequences, "seed": self.run_seed,
                 "chat_template": c.chat_template, "backend": c.backend, "stop": list(self.stop),
                 "batch_size": self.batch_size, "prompt_set": self.prompt_set, "prompt_field": self.prompt_field,
-                "device": c.device or "cpu"}
+                "device": c.device or "cpu"}))
 
     def __call__(self) -> "PromptGenerator":
         return PromptGenerator(self)

@@ -142,7 +142,8 @@ def plan_actors(resources: dict, *, actors: int | None, threads: int = 1, gpus_p
     when there are more actors than GPUs); ``--device cpu`` keeps them off the GPUs.
     """
     cpus, gpus = float(resources.get("CPU", 0)), float(resources.get("GPU", 0))
-    wants_gpu = (device or "").startswith("cuda") or (device is None and gpus > 0 and gpus_per_actor != 0)
+    wants_gpu = ((device or "").startswith("cuda") or (gpus_per_actor or 0) > 0
+                 or (device is None and gpus > 0 and gpus_per_actor != 0))
     if gpus_per_actor is not None and gpus_per_actor < 0:
         raise InvalidArgumentError(f"--gpus-per-actor must be >= 0, got {gpus_per_actor}.")
     if wants_gpu and gpus == 0:

@@ -69,10 +69,12 @@ class RayActors:
         depth: units queued on each actor (one running, the next already sent).
         max_attempts: how many actors may die running the same unit before the run stops with a ClusterError.
         replacements: actors started in place of dead ones, at most (default: as many as ``plan.actors``).
+        warmup: send no unit before every first actor has loaded its models (timings; otherwise the first
+            ready actor starts at once).
     """
 
     def __init__(self, plan, *, depth: int = 2, max_attempts: int = 3, replacements: int | None = None,
-                 log: Callable[[str], None] | None = None):
+                 warmup: bool = False, log: Callable[[str], None] | None = None):
         self.plan = plan
         self.device = plan.device  # the torch device the actors' models use (None: the job's own)
         self.depth = depth
@@ -81,6 +83,8 @@ class RayActors:
         self.log = log or (lambda message: None)
         self.pids: dict[int, int] = {}  # actor slot -> worker process id, once started
         self.ready_at: float | None = None  # when every first actor had loaded its models
+        self.warmup = warmup
+        self.units_by_actor: dict[int, int] = {}  # actor slot -> units it returned
         self.redone = 0  # units sent again because their actor died
         self.actors_lost = 0
         self._handles: dict[int, object] = {}
@@ -114,7 +118,7 @@ class RayActors:
             for slot in range(self.plan.actors):
                 starting[self._spawn(ray, slot, factory)] = slot
             while next_out < len(units):
-                for slot in sorted(ready):
+                for slot in sorted(ready) if (self.ready_at is not None or not self.warmup) else ():
                     load = sum(1 for s, _ in inflight.values() if s == slot)
                     while load < self.depth and pending and pending[0] < next_out + window:
                         pos = pending.popleft()
@@ -146,6 +150,7 @@ class RayActors:
                     slot, pos = inflight.pop(ref)
                     try:
                         results[pos] = ray.get(ref)
+                        self.units_by_actor[slot] = self.units_by_actor.get(slot, 0) + 1
                     except RayTaskError as exc:
                         raise _cause(exc) from None
                     except (RayActorError, unavailable) as exc:
