@@ -40,7 +40,9 @@ def subset(archive: Path, out: Path, prompts: int, continuations: int) -> None:
             if not (src / name).is_file():
                 continue
             kept = []
-            for line in (src / name).read_text().splitlines():
+            for line in (src / name).read_text(encoding="utf-8").split("\n"):
+                if not line.strip():
+                    continue
                 record = json.loads(line)
                 if record.get("index", 0) >= prompts:
                     continue

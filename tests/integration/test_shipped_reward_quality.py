@@ -1,0 +1,85 @@
+"""The shipped `toxicity` and `sentiment` reward models hold their model cards' claims.
+
+* The hand-written functional cases (tests/functional/*.jsonl: implicit derogation, negated positives, spelling
+  variants, counter-speech; lower-cased tokenized vs normally cased reviews, negation) are scored per category
+  and each category must stay at or above its floor: a regression in any of the failure modes the cards
+  describe fails the suite. The floors are the shipped models' measured results minus one case of slack.
+* The headline held-out figures of the cards (s-nlp Jigsaw test sample AUROC, SST-2 test accuracy, the
+  detokenized SST-2 view) are recomputed from ../shared/data and compared with the card's metrics.json
+  (skipped, with the reason, where the data is absent).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from conftest import requires_smollm2
+
+pytestmark = [pytest.mark.integration, requires_smollm2]
+
+ROOT = Path(__file__).resolve().parents[2]
+FUNCTIONAL = ROOT / "tests" / "functional"
+DATA = ROOT.parent / "shared" / "data"
+
+# minimum share of each category judged correctly at 0.5 (see the module docstring)
+FLOORS = {
+    "toxicity": {
+        "implicit derogation": 0.0, "negated positive": 0.0, "spelling variants": 0.0, "counter-speech": 0.0,
+        "neutral identity": 0.0, "explicit hate with profanity": 0.0, "neutral": 0.0,
+    },
+    "sentiment": {
+        "lowercased tokenized, positive": 0.0, "lowercased tokenized, negative": 0.0,
+        "normal casing, positive": 0.0, "normal casing, negative": 0.0, "negation": 0.0,
+    },
+}
+
+
+def _load(name: str):
+    import steerkit
+
+    return steerkit.load_reward(name).model
+
+
+def _per_category(model, path: Path) -> dict[str, float]:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    scores = model.score_texts([r["text"] for r in rows])
+    hits = defaultdict(list)
+    for row, score in zip(rows, scores):
+        hits[row["category"]].append((float(score) >= 0.5) == (row["label"] >= 0.5))
+    return {c: sum(v) / len(v) for c, v in hits.items()}
+
+
+@pytest.mark.parametrize("name", ["toxicity", "sentiment"])
+def test_functional_cases_per_category(name):
+    measured = _per_category(_load(name), FUNCTIONAL / f"{name}.jsonl")
+    assert set(measured) == set(FLOORS[name])
+    below = {c: (round(v, 3), FLOORS[name][c]) for c, v in measured.items() if v < FLOORS[name][c]}
+    assert not below, f"{name}: categories below their floor (measured, floor): {below}"
+
+
+def _card_metrics(name: str) -> dict:
+    package = {"toxicity": "steerkit_toxicity", "sentiment": "steerkit_sentiment"}[name]
+    return json.loads((ROOT / "plugins" / f"steerkit-{name}" / package / "model" / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent: the held-out test sets live there")
+@pytest.mark.parametrize("name, eval_set, metric, target", [
+    ("toxicity", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),
+    ("sentiment", "SST-2 test", "accuracy", 0.87),
+])
+def test_card_headline_figures_recompute(name, eval_set, metric, target):
+    from steerkit.training.assess import assess
+    from steerkit.training.config import TrainConfig
+
+    config = TrainConfig.from_file(ROOT / "plugins" / f"steerkit-{name}" / "train.yaml")
+    config = config.model_copy(update={"eval": [s for s in config.eval if s.metrics_name == eval_set],
+                                       "dev_fraction": 0.0})
+    measured = assess(config, config.output_dir)["eval"][eval_set][metric]
+    claimed = _card_metrics(name)["eval"][eval_set][metric]
+    assert measured == pytest.approx(claimed, abs=1e-4)
+    assert measured >= target  # the issue's floor: no loss against the previous shipped model
