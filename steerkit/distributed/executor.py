@@ -118,12 +118,17 @@ class RayActors:
             for slot in range(self.plan.actors):
                 starting[self._spawn(ray, slot, factory)] = slot
             while next_out < len(units):
-                for slot in sorted(ready) if (self.ready_at is not None or not self.warmup) else ():
-                    load = sum(1 for s, _ in inflight.values() if s == slot)
-                    while load < self.depth and pending and pending[0] < next_out + window:
+                if ready and (self.ready_at is not None or not self.warmup):
+                    load = {slot: 0 for slot in ready}
+                    for slot, _ in inflight.values():
+                        load[slot] = load.get(slot, 0) + 1
+                    while pending and pending[0] < next_out + window:
+                        slot = min(ready, key=lambda s: (load[s], s))  # the least busy actor
+                        if load[slot] >= self.depth:
+                            break
                         pos = pending.popleft()
                         inflight[self._handles[slot].run.remote(units[pos])] = (slot, pos)
-                        load += 1
+                        load[slot] += 1
                 if not inflight and not starting:
                     raise ClusterError(f"Every Ray actor was lost ({self.actors_lost} died) and no replacement "
                                        "could start; check the cluster's nodes (`ray status`) and rerun the same "
