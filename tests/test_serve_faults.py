@@ -61,6 +61,17 @@ def test_a_client_that_disconnects_mid_stream_frees_its_row(parts):
         assert server.engine.stats()["tokens"] < 100
 
 
+def test_a_client_that_drops_a_non_streamed_request_frees_its_rows(parts):
+    slow = slow_reward(parts[2], seconds=0.02)
+    with serve(parts, rewards={"slow": slow}, max_running=4, max_queue=4) as server:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+            httpx.post(server.url + "/v1/completions", timeout=httpx.Timeout(30, read=0.5),
+                       json={"prompt": "Hello", "max_tokens": 200, "n": 2, "rewards": {"slow": 1}})
+        wait_until(lambda: server.engine.stats()["running"] == 0, timeout=10)
+        assert sample(server.metrics, "steerkit_rows_finished_total", finish_reason="cancelled") == 2
+        assert server.engine.stats()["tokens"] < 2 * 200
+
+
 def test_a_full_queue_is_a_429_with_retry_after(parts):
     slow = slow_reward(parts[2], seconds=0.02)
     settings = ServerSettings(timeout_s=30)

@@ -26,6 +26,9 @@ from .requests import FinishEvent, RowSpec, TokenEvent
 #: How long past the request timeout the HTTP layer waits for the engine's own "timeout" before giving up.
 DEADLINE_GRACE_S = 5.0
 
+#: How often a non-streamed request checks that its client is still connected (seconds).
+DISCONNECT_POLL_S = 0.1
+
 #: The seeds torch accepts: -2**63 .. 2**64 - 1; derived seeds wrap within it.
 _SEED_LO, _SEED_SPAN = -(2**63), 2**64 + 2**63
 
@@ -136,10 +139,17 @@ class Rows:
         """Events until every row finished; raises HTTPError 504 past the deadline (after cancelling the rows),
         and stops (after cancelling them) when ``is_disconnected()`` says the client left."""
         remaining = len(self.handles)
+        checked = time.monotonic()
         while remaining:
-            wait = 0.25 if is_disconnected is not None else None
+            now = time.monotonic()
+            if is_disconnected is not None and now - checked >= DISCONNECT_POLL_S:
+                checked = now
+                if await is_disconnected():
+                    self.finish_unfinished()
+                    return
+            wait = DISCONNECT_POLL_S if is_disconnected is not None else None
             if self.deadline is not None:
-                left = self.deadline - time.monotonic()
+                left = self.deadline - now
                 if left <= 0:
                     self.finish_unfinished()
                     raise timeout_error()
@@ -147,9 +157,6 @@ class Rows:
             try:
                 index, event = await asyncio.wait_for(self._queue.get(), timeout=wait)
             except asyncio.TimeoutError:
-                if is_disconnected is not None and await is_disconnected():
-                    self.finish_unfinished()
-                    return
                 continue
             if isinstance(event, TokenEvent) and self._first is not None:
                 self._first()

@@ -1,0 +1,200 @@
+"""`steerkit serve` under concurrent clients: continuous batching vs the same requests sent one after another.
+
+A real server process (``steerkit serve``: SmolLM2-135M-Instruct, the shipped ``toxicity`` reward, 1 torch thread)
+gets the same set of streaming requests (``rewards: {"toxicity": -20}``, k = 20, sampled with a seed per request)
+from 1, 4, 16 and 32 concurrent clients; 1 client is the requests sent one after another. For each level:
+
+- aggregate tokens/s: completion tokens of all requests / wall time from the first request sent to the last done;
+- TTFT: request sent -> first streamed token, p50 / p95 over the requests;
+- per-token latency: gap between consecutive streamed tokens of one request, p50 / p95 over all gaps;
+- the server's mean decode-step time and rows per step (from its /metrics).
+
+The ratio that matters is aggregate tokens/s at c clients over 1 client. JSON to
+benchmarks/results/bench_serve.json (machine load included). Run heavy work under the shared lock:
+
+    flock /tmp/steerkit-heavy.lock python benchmarks/bench_serve.py            # ~5 min on 2 busy CPU cores
+    python benchmarks/bench_serve.py --requests 8 --max-tokens 16 --levels 1 4  # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+PROMPTS = [
+    "The weather in Paris today is", "My neighbour told me that the new restaurant", "Scientists have discovered",
+    "When I opened the door, I saw", "The best way to learn a language is", "Yesterday the city council voted to",
+    "She looked at the old photograph and", "In the year 2050, most people will", "The referee made a call that",
+    "I can't believe my landlord would", "The comment section under the video was", "Our team lost the match because",
+    "The new phone's battery life is", "He walked into the meeting late and", "The museum's latest exhibition",
+    "My favourite childhood memory is", "The traffic this morning was so", "The customer service agent told me",
+    "After the storm, the village", "The chef tasted the soup and said", "The politician's speech was",
+    "Honestly, the worst thing about Mondays is", "The cat knocked the glass off the table and",
+    "Online reviews of the hotel say", "The teacher asked the class to", "When the concert ended, the crowd",
+    "The startup's founders announced", "My brother keeps telling me that", "The documentary about the ocean",
+    "The argument started when someone", "The library will be closed because", "At the end of the long day, she",
+]
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo, hi = int(pos), min(int(pos) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(url: str) -> dict[str, float]:
+    samples = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+async def one_request(client: httpx.AsyncClient, body: dict) -> dict:
+    sent = time.perf_counter()
+    stamps, usage, finish = [], None, None
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {await r.aread()}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            now = time.perf_counter()
+            for choice in chunk["choices"]:
+                if choice["text"]:
+                    stamps.append(now)
+                finish = choice["finish_reason"] or finish
+            usage = chunk.get("usage") or usage
+    done = time.perf_counter()
+    return {"sent": sent, "done": done, "stamps": stamps, "tokens": usage["completion_tokens"], "finish": finish}
+
+
+async def run_level(url: str, bodies: list[dict], clients: int) -> dict:
+    pending = list(enumerate(bodies))
+    results: list = [None] * len(bodies)
+
+    async def worker(client):
+        while pending:
+            i, body = pending.pop(0)
+            results[i] = await one_request(client, body)
+
+    limits = httpx.Limits(max_connections=clients + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(clients)))
+        wall = time.perf_counter() - start
+    tokens = sum(r["tokens"] for r in results)
+    ttft = [r["stamps"][0] - r["sent"] for r in results if r["stamps"]]
+    gaps = [b - a for r in results for a, b in zip(r["stamps"], r["stamps"][1:])]
+    latency = [r["done"] - r["sent"] for r in results]
+    return {"clients": clients, "requests": len(bodies), "wall_s": wall, "completion_tokens": tokens,
+            "tokens_per_s": tokens / wall,
+            "ttft_s": {"p50": percentile(ttft, 0.5), "p95": percentile(ttft, 0.95)},
+            "per_token_s": {"p50": percentile(gaps, 0.5), "p95": percentile(gaps, 0.95)},
+            "request_s": {"p50": percentile(latency, 0.5), "p95": percentile(latency, 0.95)},
+            "finish_reasons": {f: sum(r["finish"] == f for r in results) for f in {r["finish"] for r in results}}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=32, help="requests per level (the same set at each level)")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16, 32], help="concurrent clients")
+    parser.add_argument("--beta", type=float, default=-20.0, help="β of the toxicity reward")
+    parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_serve.json")
+    args = parser.parse_args()
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    max_running = max(args.levels)
+    env = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "STEERKIT_PLUGINS": "toxicity"}
+    cmd = [sys.executable, "-m", "steerkit", "serve", "--lm", "smollm2-135m-instruct", "--port", str(port),
+           "--max-running", str(max_running), "--max-queue", str(max(64, args.requests)), "--timeout", "0",
+           "--log-level", "warning"]
+    load_before = os.getloadavg()
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if server.poll() is not None:
+                raise SystemExit(f"the server exited: {server.stderr.read()}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the server did not become healthy within 180 s")
+            time.sleep(0.5)
+        bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens, "temperature": 1.0,
+                   "seed": i, "k": args.k, "rewards": {"toxicity": args.beta}, "stream": True}
+                  for i in range(args.requests)]
+        asyncio.run(run_level(url, bodies[:2], 2))  # warm-up: first forwards, allocator
+        levels = []
+        for clients in args.levels:
+            before = scrape(url)
+            level = asyncio.run(run_level(url, bodies, clients))
+            after = scrape(url)
+            steps = after["steerkit_step_seconds_count"] - before["steerkit_step_seconds_count"]
+            level["server_steps"] = int(steps)
+            level["server_step_s_mean"] = (after["steerkit_step_seconds_sum"] -
+                                           before["steerkit_step_seconds_sum"]) / max(steps, 1)
+            level["rows_per_step_mean"] = (after["steerkit_tokens_generated_total"] -
+                                           before["steerkit_tokens_generated_total"]) / max(steps, 1)
+            levels.append(level)
+            print(f"{clients:>3} clients: {level['tokens_per_s']:6.1f} tok/s  wall {level['wall_s']:6.1f} s  "
+                  f"TTFT p50 {level['ttft_s']['p50']:.2f} s p95 {level['ttft_s']['p95']:.2f} s  per-token p50 "
+                  f"{level['per_token_s']['p50'] * 1000:.0f} ms p95 {level['per_token_s']['p95'] * 1000:.0f} ms  "
+                  f"rows/step {level['rows_per_step_mean']:.1f}", flush=True)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    base = next((lv for lv in levels if lv["clients"] == 1), None)
+    for level in levels:
+        level["speedup_vs_sequential"] = level["tokens_per_s"] / base["tokens_per_s"] if base else None
+    result = {"benchmark": "bench_serve", "lm": "smollm2-135m-instruct", "reward": "toxicity", "beta": args.beta,
+              "k": args.k, "max_tokens": args.max_tokens, "requests_per_level": args.requests,
+              "server": " ".join(cmd[2:]), "torch_threads": 1, "machine": platform.processor() or platform.machine(),
+              "cpus": os.cpu_count(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
+              "sequential_is": "the 1-client level: the same requests sent one after another",
+              "levels": levels}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+    for level in levels:
+        print(f"{level['clients']:>3} clients: {level['speedup_vs_sequential']:.2f}x the sequential tokens/s")
+
+
+if __name__ == "__main__":
+    main()
