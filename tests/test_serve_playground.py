@@ -29,7 +29,7 @@ pytestmark = [
 ]
 
 
-def browser(width: int = 1400, height: int = 900):
+def browser(width: int = 1400, height: int = 1000):
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
@@ -82,7 +82,9 @@ def drive(url: str, *, prompt: str | None = None, betas: dict | None = None, max
                             "shaded": sum(1 for s in spans if s.get_attribute("data-rho") is not None),
                             "status": driver.find_element(By.ID, f"{pane}-status").text,
                             "meta": driver.find_element(By.ID, f"{pane}-meta").text}
+        result["shade"] = driver.find_element(By.ID, "shade").get_attribute("value")
         if screenshot:
+            driver.execute_script("window.scrollTo(0, 0); document.activeElement.blur();")
             driver.save_screenshot(screenshot)
         return result
     finally:
@@ -105,7 +107,7 @@ def api_text(url: str, body: dict) -> str:
 
 
 def check(result, engine, server_url, shot):
-    assert result["moved"] == {"tiny": 40} and result["labels"] == {"tiny": "40"}
+    assert result["moved"] == {"tiny": 40} and result["labels"] == {"tiny": "40"} and result["shade"] == "tiny"
     assert all(result[pane]["tokens"] >= 1 for pane in ("unsteered", "steered")), result
     assert result["steered"]["meta"] == "tiny=40" and result["unsteered"]["meta"] == "every β = 0"
     for pane in ("unsteered", "steered"):  # every token is shaded by its reward

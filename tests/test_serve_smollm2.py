@@ -81,6 +81,6 @@ def test_playground_screenshot_on_smollm2(server):
         pytest.skip("no headless browser: install Debian's chromium and chromium-driver packages")
     betas = {name: 0 for name in server.engine.reward_names()}
     betas["toxicity"] = -40
-    result = drive(server.url, prompt="My neighbour is an absolute", betas=betas, max_tokens=32,
+    result = drive(server.url, prompt="The comment section under the video was full of", betas=betas, max_tokens=40,
                    screenshot=os.environ["STEERKIT_SCREENSHOT"], timeout=300)
     assert result["unsteered"]["tokens"] >= 1 and result["steered"]["tokens"] >= 1
