@@ -1,0 +1,88 @@
+"""Serving replicas: ``steerkit serve``'s app (:func:`steerkit.serving.app.create_app`) as a Ray Serve deployment.
+
+Each replica builds its own engine (the LM and every reward loaded once per replica) and the same FastAPI app,
+so the OpenAI-compatible API is the one ``steerkit serve`` exposes; Ray Serve's proxy spreads requests over the
+replicas. Replica count and Ray Serve's autoscaling settings come from :class:`ReplicaConfig`, e.g. the
+``ray_serve:`` section of a YAML file::
+
+    ray_serve:
+      threads_per_replica: 1
+      autoscaling_config: {min_replicas: 1, max_replicas: 8, target_ongoing_requests: 4}
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from pydantic import Field
+
+from ..config import ValidatedConfig, load_config_file
+
+
+class ReplicaConfig(ValidatedConfig):
+    """How many replicas and what each reserves; ``autoscaling_config`` is passed to Ray Serve as it is."""
+
+    replicas: int = Field(default=1, ge=1)
+    threads_per_replica: int = Field(default=1, ge=1)
+    gpus_per_replica: float = Field(default=0.0, ge=0)
+    autoscaling_config: dict | None = None  # Ray Serve's: min_replicas, max_replicas, target_ongoing_requests...
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides) -> "ReplicaConfig":
+        data = load_config_file(path)
+        section = data.get("ray_serve", data)
+        return cls.from_dict({**section, **overrides}, source=f"{path} (ray_serve)")
+
+
+class _Replica:
+    """One replica: torch threads, then (in ``__serve_build_asgi_app__``) the engine and the app."""
+
+    def __init__(self, steering_config, engine_limits: dict, settings: dict, threads: int):
+        from ..threads import set_threads
+
+        set_threads(threads)
+        self.steering_config, self.engine_limits, self.settings = steering_config, engine_limits, settings
+
+    def __serve_build_asgi_app__(self):
+        from ..serving.app import ServerSettings, create_app
+        from ..serving.engine import Engine
+        from ..serving.metrics import ServerMetrics
+
+        metrics = ServerMetrics()
+        engine = Engine.from_config(self.steering_config, observer=metrics, **self.engine_limits)
+        return create_app(engine, settings=ServerSettings(**self.settings), metrics=metrics)
+
+
+def deployment(steering_config, replica_config: ReplicaConfig, *, engine_limits: dict | None = None,
+               settings=None, name: str = "steerkit"):
+    """The bound Ray Serve application (pass it to ``serve.run``)."""
+    from ray import serve
+
+    from .cluster import forwarded_env
+
+    cfg = replica_config
+    scaling = ({"autoscaling_config": cfg.autoscaling_config} if cfg.autoscaling_config
+               else {"num_replicas": cfg.replicas})
+    options = {"num_cpus": cfg.threads_per_replica, "num_gpus": cfg.gpus_per_replica,
+               "runtime_env": {"env_vars": forwarded_env()}}
+    ingress = serve.ingress()(_Replica)
+    dep = serve.deployment(ingress, name=name, ray_actor_options=options, **scaling)
+    return dep.bind(steering_config, dict(engine_limits or {}), asdict(settings) if settings else {},
+                    cfg.threads_per_replica)
+
+
+def start_replicas(steering_config, replica_config: ReplicaConfig, *, address: str, host: str = "127.0.0.1",
+                   port: int = 8000, engine_limits: dict | None = None, settings=None):
+    """Connect to (or start) the cluster, start Ray Serve's proxy on ``host:port`` and deploy the replicas;
+    returns the :class:`~.cluster.Cluster` (``serve.shutdown()`` and ``cluster.close()`` stop them)."""
+    from ray import serve
+
+    from .cluster import connect
+
+    cluster = connect(address, num_cpus=(replica_config.replicas * replica_config.threads_per_replica) + 1
+                      if address == "local" else None)
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(deployment(steering_config, replica_config, engine_limits=engine_limits, settings=settings),
+              name="steerkit", route_prefix="/", blocking=False)
+    return cluster

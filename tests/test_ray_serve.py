@@ -1,0 +1,79 @@
+"""`steerkit serve`'s app as Ray Serve replicas (steerkit.distributed.serve): the server's own API tests, run
+against 2 replicas behind Ray Serve's proxy on 127.0.0.1 (a `--ray local` instance, stopped at the end).
+Requests with the same seed land on either replica and must give the same text."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from test_serve_api import (  # noqa: E402,F401 - the server engineers' tests, collected here against the replicas
+    test_a_list_of_prompts_is_prompt_major, test_completion_with_the_openai_client,
+    test_same_seed_same_output_and_n_rows_use_seed_plus_i,
+    test_without_a_seed_each_choice_reports_the_seed_that_reproduces_it,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def replicas(tmp_path_factory):
+    import torch
+
+    from steerkit.config import SteeringConfig
+    from steerkit.distributed.serve import ReplicaConfig, start_replicas
+    from steerkit.rewards.model import RewardModel
+    from steerkit.testing import make_tokenizer, save_tiny_lm
+
+    root = tmp_path_factory.mktemp("serve-models")
+    tok = make_tokenizer()
+    lm = save_tiny_lm(root / "lm", tok, seed=0)
+    rm = RewardModel.from_backbone(str(save_tiny_lm(root / "backbone", tok, seed=3)), 1, name="tiny")
+    torch.manual_seed(11)
+    torch.nn.init.normal_(rm.head.weight, std=0.5)
+    cfg = SteeringConfig(lm=str(lm), rewards=[{"name": str(rm.save_pretrained(root / "rm")), "beta": 5}], k=8)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_AUTH_MODE", "disabled")
+        mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        mp.setenv("STEERKIT_PLUGINS", "")  # replicas load the config's reward only, not every installed plugin
+        from ray import serve
+
+        cluster = start_replicas(cfg, ReplicaConfig(replicas=2), address="local", port=port,
+                                 engine_limits={"max_running": 8, "max_queue": 32})
+        try:
+            yield f"http://127.0.0.1:{port}", str(lm)
+        finally:
+            serve.shutdown()
+            cluster.close()
+
+
+@pytest.fixture(scope="module")
+def client(replicas):
+    return openai.OpenAI(base_url=replicas[0] + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model(replicas):
+    return replicas[1]
+
+
+def test_two_replicas_serve_the_models_endpoint(replicas):
+    import httpx
+
+    from ray import serve
+
+    body = httpx.get(replicas[0] + "/v1/models", timeout=30).json()
+    assert [m["id"] for m in body["data"]] == [replicas[1]]
+    status = serve.status().applications["steerkit"].deployments["steerkit"]
+    assert status.replica_states.get("RUNNING") == 2, json.dumps(str(status))
+    assert os.environ.get("RAY_AUTH_MODE") == "disabled"
