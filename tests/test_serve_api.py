@@ -191,3 +191,16 @@ def test_health_and_metrics(server, client, model):
 def test_playground_page_is_served(server):
     page = httpx.get(server.url + "/")
     assert page.status_code == 200 and "steerkit playground" in page.text
+
+
+def test_stop_strings_end_the_completion_before_them(client, model):
+    def greedy(**kw):
+        return client.completions.create(model=model, prompt="The quick brown fox", max_tokens=24, temperature=0,
+                                         **kw).choices[0]
+
+    full = greedy()
+    assert len(full.text) >= 6, full.text
+    stop = full.text[4:6]
+    cut = greedy(stop=[stop, "never-appears"])
+    assert cut.text == full.text[:full.text.find(stop)]
+    assert cut.finish_reason == "stop"

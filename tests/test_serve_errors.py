@@ -55,6 +55,10 @@ BAD_BODIES = [
     ({**OK, "max_tokens": "3"}, 400, "max_tokens", "valid integer"),
     ({**OK, "temperature": -1}, 400, "temperature", "greater than or equal to 0"),
     ({**OK, "temperature": "hot"}, 400, "temperature", "valid number"),
+    ({**OK, "temperature": 1e-50}, 400, "temperature", "send temperature 0 for greedy decoding"),
+    ('{"prompt": "\\ud800 lone", "max_tokens": 3}', 400, "prompt", "lone surrogate"),
+    ('{"prompt": "Hi", "max_tokens": 3, "stop": ["\\udc80"]}', 400, "stop", "lone surrogate"),
+    ({**OK, "rewards": [{"name": "tiny", "beta": 1}, {"name": "tiny", "beta": 2}]}, 400, "rewards", "label"),
     ({**OK, "n": 0}, 400, "n", "greater than or equal to 1"),
     ({**OK, "n": 5}, 400, "n", "at most 4"),
     ({**OK, "seed": 1.5}, 400, "seed", "valid integer"),
@@ -114,6 +118,7 @@ def test_bad_chat_request(server, body, param, words):
     (b'prompt=hi', {"content-type": "application/x-www-form-urlencoded"}, "must be a JSON object"),
     (b'\xff\xfe', {"content-type": "application/json"}, "not valid JSON"),
     (b'', {"content-type": "application/json"}, "body is empty"),
+    (b'[' * 100_000, {"content-type": "application/json"}, "nested too deeply"),
 ])
 def test_malformed_bodies(server, content, headers, words):
     r = httpx.post(server.url + "/v1/completions", content=content, headers=headers, timeout=30)

@@ -69,7 +69,7 @@ _PARAM_WORDS = (("temperature", "temperature"), ("seed", "seed"), ("stop", "stop
 
 def from_steerkit(exc: Exception, *, prompt_param: str = "prompt", retry_after_s: float = 1.0) -> HTTPError:
     """The HTTP error for a typed steerkit error raised while validating or admitting a request."""
-    message = str(exc)
+    message = str(exc).replace("use do_sample=False for greedy decoding", "send temperature 0 for greedy decoding")
     param = getattr(exc, "param", None) or _guess_param(message, prompt_param)
     if param == "prompt":
         param = prompt_param
@@ -185,10 +185,14 @@ def install(app: FastAPI) -> None:
                       "POST /v1/chat/completions, GET /health, GET /metrics."
         elif status == 405:
             message = f"{request.method} is not allowed on {request.url.path}."
+        elif status == 400 and "parsing the body" in str(exc.detail):  # FastAPI: a body json.loads cannot take
+            message = ("The request body could not be parsed (nested too deeply, or not UTF-8 JSON); send a "
+                       "JSON object.")
         else:
             message = str(exc.detail)
-        return HTTPError(status, message, type=_STATUS_TYPES.get(status, "invalid_request_error"),
-                         code="not_found" if status == 404 else None, headers=getattr(exc, "headers", None)).response()
+        code = {404: "not_found", 405: "method_not_allowed", 400: "invalid_json"}.get(status)
+        return HTTPError(status, message, type=_STATUS_TYPES.get(status, "invalid_request_error"), code=code,
+                         headers=getattr(exc, "headers", None)).response()
 
     @app.exception_handler(errors.SteerkitError)
     async def _steerkit(request: Request, exc: errors.SteerkitError):
