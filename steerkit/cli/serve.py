@@ -43,6 +43,11 @@ def serve(
                                             "in-flight requests get to finish."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, "
                                   "info, debug."),
+    ray_address: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="Serve replicas on Ray "
+                                              "Serve: auto, local or HOST:PORT (docs/scaling.md)."),
+    replicas: Optional[int] = typer.Option(None, "--replicas", min=1, help="With --ray: replicas. \\[default: 1]"),
+    ray_config: Optional[Path] = typer.Option(None, "--ray-config", help="With --ray: YAML/TOML file whose "
+                                              "ray_serve section sets replicas and Ray Serve autoscaling."),
 ):
     """Serve steered generation over an OpenAI-compatible HTTP API, with a playground at /."""
     from ..config import SteeringConfig
@@ -56,6 +61,14 @@ def serve(
             cfg = cfg.with_rewards([parse_reward_weight(s) for s in reward])
     else:
         cfg = None  # the packaged SmolLM2, every installed reward available, no default steering
+    if ray_address is not None or replicas is not None or ray_config is not None:  # Ray Serve replicas
+        from ..distributed.serve import serve_command
+
+        return serve_command(cfg, ray_address, replicas, ray_config, host=host, port=port,
+                             engine_limits={"max_running": max_running, "max_queue": max_queue},
+                             settings={"timeout_s": timeout or None, "default_max_tokens": default_max_tokens,
+                                       "max_tokens_limit": max_tokens_limit, "max_n": max_n,
+                                       "shutdown_deadline_s": shutdown_deadline}, log=err.print)
     run_server(cfg, host=host, port=port, max_running=max_running, max_queue=max_queue,
                timeout_s=timeout or None, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens,
                max_n=max_n, shutdown_deadline_s=shutdown_deadline, log_level=log_level)

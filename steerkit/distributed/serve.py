@@ -86,3 +86,48 @@ def start_replicas(steering_config, replica_config: ReplicaConfig, *, address: s
     serve.run(deployment(steering_config, replica_config, engine_limits=engine_limits, settings=settings),
               name="steerkit", route_prefix="/", blocking=False)
     return cluster
+
+
+def run_replicas(steering_config, replica_config: ReplicaConfig, *, address: str, host: str, port: int,
+                 engine_limits: dict, settings, log) -> None:
+    """``steerkit serve --ray ADDRESS --replicas N``: serve until Ctrl-C or SIGTERM, then stop the replicas."""
+    import signal
+    import threading
+
+    from ray import serve
+
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    cluster = start_replicas(steering_config, replica_config, address=address, host=host, port=port,
+                             engine_limits=engine_limits, settings=settings)
+    try:
+        scale = (f"autoscaling {replica_config.autoscaling_config}" if replica_config.autoscaling_config
+                 else f"{replica_config.replicas} replica{'s' if replica_config.replicas != 1 else ''}")
+        log(f"steerkit serve on Ray ({address}, {scale}): http://{host}:{port}  (OpenAI API /v1; Ctrl-C to stop)")
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        serve.shutdown()
+        cluster.close()
+
+
+def serve_command(steering_config, address: str | None, replicas: int | None, config_file, *, host: str, port: int,
+                  engine_limits: dict, settings: dict, log) -> None:
+    """What ``steerkit serve --ray/--replicas/--ray-config`` dispatches to."""
+    from ..errors import InvalidArgumentError
+    from ..serving.app import ServerSettings
+    from .cluster import check_address, import_ray
+
+    if address is None:
+        raise InvalidArgumentError("--replicas and --ray-config run Ray Serve replicas: add --ray auto (or local, "
+                                   "or HOST:PORT).")
+    check_address(address)
+    import_ray()
+    overrides = {"replicas": replicas} if replicas is not None else {}
+    cfg = (ReplicaConfig.from_file(config_file, **overrides) if config_file
+           else ReplicaConfig.from_dict(overrides, source="command-line options"))
+    run_replicas(steering_config, cfg, address=address, host=host, port=port, engine_limits=engine_limits,
+                 settings=ServerSettings(**settings), log=log)
