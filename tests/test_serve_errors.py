@@ -115,7 +115,8 @@ def test_bad_chat_request(server, body, param, words):
     (b'{"prompt": "hi", "rewards": {"tiny": NaN}}', {"content-type": "application/json"}, "finite"),
     (b'{"prompt": "hi", "rewards": {"tiny": Infinity}}', {"content-type": "application/json"}, "finite"),
     (b'["hi"]', {"content-type": "application/json"}, "must be a JSON object"),
-    (b'prompt=hi', {"content-type": "application/x-www-form-urlencoded"}, "must be a JSON object"),
+    (b'prompt=hi', {"content-type": "application/x-www-form-urlencoded"}, "not valid JSON"),
+    (b'<prompt>hi</prompt>', {"content-type": "application/xml"}, "must be a JSON object"),
     (b'\xff\xfe', {"content-type": "application/json"}, "not valid JSON"),
     (b'', {"content-type": "application/json"}, "body is empty"),
     (b'[' * 100_000, {"content-type": "application/json"}, "nested too deeply"),
@@ -151,3 +152,10 @@ def test_the_server_still_serves_after_every_bad_request(server):
     r = httpx.post(server.url + "/v1/completions", json=OK, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
     assert server.engine.stats()["running"] == 0
+
+
+def test_curl_without_a_content_type_is_read_as_json(server):
+    """`curl -d '{...}'` sends application/x-www-form-urlencoded: the body is still read as the JSON it is."""
+    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "Hello", "max_tokens": 2}',
+                   headers={"content-type": "application/x-www-form-urlencoded"}, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1

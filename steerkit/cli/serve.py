@@ -110,7 +110,8 @@ def run_server(cfg, *, host: str, port: int, max_running: int, max_queue: int, t
                                             timeout_graceful_shutdown=shutdown_deadline_s, access_log=False))
     shown = f"[{host}]" if ":" in host else host
     err.print(f"steerkit serve: {engine.model_name} with rewards {', '.join(engine.reward_names()) or '(none)'} "
-              f"on http://{shown}:{port}  (playground /, OpenAI API /v1, metrics /metrics; Ctrl-C to stop)")
+              f"on http://{shown}:{port}  (playground /, OpenAI API /v1, metrics /metrics; Ctrl-C to stop)",
+              soft_wrap=True)
     server.run()
 
 

@@ -234,6 +234,9 @@ class _Accounting:
             self.metrics.request_done(endpoint, 413)
             return
 
+        if scope.get("method") == "POST" and endpoint.startswith("/v1/"):
+            scope = _as_json(scope)
+
         async def send_status(message):
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
@@ -244,3 +247,14 @@ class _Accounting:
         finally:
             seconds = time.perf_counter() - start if endpoint.startswith("/v1/") and endpoint != "/v1/models" else None
             self.metrics.request_done(endpoint, status[0], seconds)
+
+
+def _as_json(scope):
+    """``curl -d '{...}'`` sends ``application/x-www-form-urlencoded``; the API only takes JSON, so a POST without a
+    JSON content type is read as JSON (a body that is not JSON still gets the 400 saying so)."""
+    headers = list(scope.get("headers") or [])
+    kind = dict(headers).get(b"content-type", b"").split(b";")[0].strip().lower()
+    if kind in (b"", b"application/x-www-form-urlencoded", b"text/plain"):
+        headers = [(k, v) for k, v in headers if k != b"content-type"] + [(b"content-type", b"application/json")]
+        scope = {**scope, "headers": headers}
+    return scope
