@@ -204,3 +204,11 @@ def test_stop_strings_end_the_completion_before_them(client, model):
     cut = greedy(stop=[stop, "never-appears"])
     assert cut.text == full.text[:full.text.find(stop)]
     assert cut.finish_reason == "stop"
+
+
+def test_derived_seeds_wrap_within_torchs_seed_range():
+    from steerkit.serving.completions import derive_seed
+
+    assert [derive_seed(7, i) for i in range(3)] == [7, 8, 9]
+    assert derive_seed(2**64 - 1, 1) == -(2**63)  # past the top: back to the bottom of the range
+    assert derive_seed(-(2**63), -1) == 2**64 - 1

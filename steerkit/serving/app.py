@@ -114,7 +114,7 @@ def create_app(engine, *, settings: ServerSettings | None = None, metrics: Serve
         rows = cmpl.Rows(handles, settings.timeout_s, on_first_token=first)
         if stream:
             return _EventStream(cmpl.stream(job, rows), on_close=rows.finish_unfinished,
-                                media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+                                media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         async with rows:
             body = await cmpl.collect(job, rows, request.is_disconnected)
         return JSONResponse(body)
