@@ -180,3 +180,15 @@ def test_32_concurrent_streaming_clients_each_complete_exactly_once(parts):
                            json={"prompt": "Client 5 says", "max_tokens": 12 + 5 % 5, "seed": 5,
                                  "rewards": {"tiny": (5 % 3) - 1.0}, "k": 4 + 5 % 4})
         assert alone.json()["choices"][0]["text"] == results[5][3]
+
+
+def test_a_draining_server_refuses_new_requests_with_503(parts):
+    with serve(parts, max_running=2, max_queue=2) as server:
+        app = server.server.config.app
+        app.state.draining = True  # what the CLI's SIGTERM handler sets before uvicorn's graceful exit
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+        health = httpx.get(server.url + "/health", timeout=30)
+        assert health.status_code == 503 and health.json()["status"] == "draining"
+        app.state.draining = False
+        assert httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2}).status_code == 200
