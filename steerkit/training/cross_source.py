@@ -71,7 +71,7 @@ def run_cross_source(config: TrainConfig, directory: Path, *, progress: bool = T
     report = {"sources": groups, "metric": metric, "steps": config.steps, "leave_out_limit": config.leave_out_limit,
               "folds": folds, "mean_left_out": sum(held) / len(held) if held else None,
               "command": command or f"steerkit train {shlex.quote(config.source_file or 'CONFIG')} "
-                                    f"--cross-source {shlex.quote(str(directory))}"}
+                                    f"--cross-source {shlex.quote(str(directory))} --steps {config.steps}"}
     atomic_write_text(directory / "cross_source.json", json.dumps(report, indent=2) + "\n")
     atomic_write_text(directory / "cross_source.md", "\n".join(cross_source_lines(report)) + "\n")
     return report

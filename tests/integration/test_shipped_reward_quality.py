@@ -27,9 +27,11 @@ DATA = ROOT.parent / "shared" / "data"
 
 # minimum share of each category judged correctly at 0.5 (see the module docstring)
 FLOORS = {
+    # 0.2.0 measured 2/12, 0/12, 12/12, 1/12, 11/12, 12/12, 12/12 (the card's failure modes: implicit derogation,
+    # negated positives and counter-speech; a floor of 0 records a category the model fails today)
     "toxicity": {
-        "implicit derogation": 0.0, "negated positive": 0.0, "spelling variants": 0.0, "counter-speech": 0.0,
-        "neutral identity": 0.0, "explicit hate with profanity": 0.0, "neutral": 0.0,
+        "implicit derogation": 1 / 12, "negated positive": 0.0, "spelling variants": 11 / 12, "counter-speech": 0.0,
+        "neutral identity": 10 / 12, "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
     },
     "sentiment": {
         "lowercased tokenized, positive": 0.0, "lowercased tokenized, negative": 0.0,
