@@ -27,7 +27,7 @@ use it (:mod:`.reward_groups`), each row's choice with its own k, β, temperatur
 ``generate([prompt], lm=(lm, tokenizer), rewards=..., k=..., temperature=..., seed=s, max_new_tokens=...)``
 draws (``do_sample=False`` for temperature 0): the same prefill (each prompt runs alone), the same maths and
 the same random stream. Its tokens are equal whenever batched float arithmetic gives the row the same logits
-and rewards as running alone (``docs/serving_determinism.md``: the measured drift and mismatch counts). The
+and rewards as running alone (docs/serving.md, "Determinism": the measured drift and mismatch counts). The
 text differs in one way: a stop string ends the completion *before* the stop string (OpenAI), where
 ``generate`` keeps it.
 """
