@@ -34,6 +34,8 @@ BAD_BODIES = [
     ({**OK, "rewards": [{"name": "nope", "beta": 1}]}, 400, "rewards.0.name", "unknown reward 'nope'"),
     ('{"prompt": "Hello", "rewards": {"tiny": 1e999}}', 400, "rewards", "finite"),
     ('{"prompt": "Hello", "rewards": [{"name": "tiny", "beta": -1e999}]}', 400, "rewards", "finite"),
+    ('{"prompt": "Hello", "rewards": {"tiny": 1%s}}' % ("0" * 400), 400, "rewards", "finite"),
+    ('{"prompt": "Hello", "rewards": {"\\ud800": 1}}', 400, "rewards.\\ud800", "unknown reward"),
     ({**OK, "rewards": {"tiny": "strong"}}, 400, "rewards", "must be a number"),
     ({**OK, "rewards": {"tiny": 1e31}}, 400, "rewards", "too large"),
     ({**OK, "rewards": [{"name": "tiny"}]}, 400, "rewards", "beta"),

@@ -55,7 +55,13 @@ class HTTPError(Exception):
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+    """The body; a lone surrogate echoed from the request (a reward name in ``param``) is escaped, or the UTF-8
+    encoding of the response would fail and turn the 400 into a 500."""
+    return {"error": {"message": _utf8_safe(message), "type": type, "param": _utf8_safe(param), "code": code}}
+
+
+def _utf8_safe(text: str | None) -> str | None:
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 _STATUS_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",

@@ -120,9 +120,13 @@ def parse_rewards(value) -> dict[str, float] | list[RewardSpec] | None:
                 raise ValueError("a reward name is empty; use a name from GET /v1/models (steering.rewards).")
             if isinstance(beta, bool) or not isinstance(beta, (int, float)):
                 raise ValueError(f"the beta of reward {name!r} must be a number, got {beta!r}.")
+            try:
+                beta = float(beta)  # an integer too large for a float raises OverflowError (a 500 otherwise)
+            except OverflowError:
+                beta = math.inf
             if not math.isfinite(beta):
                 raise ValueError(f"the beta of reward {name!r} must be a finite number, got {beta!r}.")
-            out[name] = float(beta)
+            out[name] = beta
         return out
     if isinstance(value, list):
         specs = []
