@@ -72,7 +72,7 @@ def create_app(engine, *, settings: ServerSettings | None = None, metrics: Serve
         if request.app.state.draining:
             raise cmpl.shutting_down_error()
 
-    def check_common(body, prompt_param: str) -> tuple[int, object]:
+    def check_common(body) -> tuple[int, object]:
         if body.model is not None and body.model != model_name:
             raise HTTPError(404, f"model {body.model!r} is not served here; this server serves {model_name!r} "
                             "(GET /v1/models).", type="not_found_error", param="model", code="model_not_found")
@@ -129,7 +129,7 @@ def create_app(engine, *, settings: ServerSettings | None = None, metrics: Serve
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         check_open(request)
-        max_tokens, rewards = check_common(body, "prompt")
+        max_tokens, rewards = check_common(body)
         check_rows(body, len(body.prompt))
         job = job_for(body, "completion", body.prompt, max_tokens, rewards)
         return await run(request, job, "prompt", body.stream)
@@ -137,7 +137,7 @@ def create_app(engine, *, settings: ServerSettings | None = None, metrics: Serve
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_open(request)
-        max_tokens, rewards = check_common(body, "messages")
+        max_tokens, rewards = check_common(body)
         check_rows(body, 1)
         tokenizer = engine.tokenizer
         if not getattr(tokenizer, "chat_template", None):

@@ -79,11 +79,8 @@ def admit(engine, job: Job, *, prompt_param: str, retry_after_s: float) -> list:
     try:
         for spec in job.specs[::job.n]:  # rows of one prompt differ only in their seed
             engine.validate(spec)
-    except Exception as exc:  # noqa: BLE001 - typed errors become 4xx, anything else a logged 500
-        raise from_steerkit(exc, prompt_param=prompt_param, retry_after_s=retry_after_s) from None
-    try:
         return engine.submit_all(job.specs)  # all rows are queued, or none
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - typed errors become 4xx, anything else a logged 500
         raise from_steerkit(exc, prompt_param=prompt_param, retry_after_s=retry_after_s) from None
 
 
