@@ -159,3 +159,14 @@ def test_user_errors_are_one_line_and_exit_2(model_dirs, capsys, monkeypatch):
     code, err = run(["--port", "0"])
     assert code == 2 and "--port" in err
     assert "Traceback" not in err
+
+
+def test_ray_replicas_without_ray_serve_is_a_typed_error(capsys, monkeypatch):
+    from steerkit.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray.serve", None)  # what importing it meets without ray's serve extra
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--ray", "local", "--replicas", "2", "--port", str(free_port())])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.startswith("error:") and 'pip install "steerkit[ray]"' in err
+    assert len(err.strip().splitlines()) == 1

@@ -12,6 +12,7 @@ replicas. Replica count and Ray Serve's autoscaling settings come from :class:`R
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -33,6 +34,21 @@ class ReplicaConfig(ValidatedConfig):
         data = load_config_file(path)
         section = data.get("ray_serve", data)
         return cls.from_dict({**section, **overrides}, source=f"{path} (ray_serve)")
+
+
+def import_serve():
+    """``ray.serve``, or :class:`RayNotInstalledError` with the install command (ray without its serve extra)."""
+    import importlib
+
+    from ..errors import RayNotInstalledError
+    from .cluster import INSTALL, import_ray
+
+    import_ray()
+    try:
+        return importlib.import_module("ray.serve")
+    except ImportError as exc:
+        raise RayNotInstalledError(f"--ray serving needs Ray Serve, which is not installed ({exc.name or exc} is "
+                                   f"missing): {INSTALL}.") from None
 
 
 class _Replica:
@@ -57,9 +73,9 @@ class _Replica:
 def deployment(steering_config, replica_config: ReplicaConfig, *, engine_limits: dict | None = None,
                settings=None, name: str = "steerkit"):
     """The bound Ray Serve application (pass it to ``serve.run``)."""
-    from ray import serve
-
     from .cluster import forwarded_env
+
+    serve = import_serve()
 
     cfg = replica_config
     scaling = ({"autoscaling_config": cfg.autoscaling_config} if cfg.autoscaling_config
@@ -75,16 +91,22 @@ def deployment(steering_config, replica_config: ReplicaConfig, *, engine_limits:
 def start_replicas(steering_config, replica_config: ReplicaConfig, *, address: str, host: str = "127.0.0.1",
                    port: int = 8000, engine_limits: dict | None = None, settings=None):
     """Connect to (or start) the cluster, start Ray Serve's proxy on ``host:port`` and deploy the replicas;
-    returns the :class:`~.cluster.Cluster` (``serve.shutdown()`` and ``cluster.close()`` stop them)."""
-    from ray import serve
-
+    returns the :class:`~.cluster.Cluster` (``serve.shutdown()`` and ``cluster.close()`` stop them; on a failure
+    here they are stopped before the error propagates)."""
     from .cluster import connect
 
+    serve = import_serve()
     cluster = connect(address, num_cpus=(replica_config.replicas * replica_config.threads_per_replica) + 1
                       if address == "local" else None)
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(deployment(steering_config, replica_config, engine_limits=engine_limits, settings=settings),
-              name="steerkit", route_prefix="/", blocking=False)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(deployment(steering_config, replica_config, engine_limits=engine_limits, settings=settings),
+                  name="steerkit", route_prefix="/", blocking=False)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the error to report is the one that got here
+            serve.shutdown()
+        cluster.close()
+        raise
     return cluster
 
 
@@ -94,12 +116,15 @@ def run_replicas(steering_config, replica_config: ReplicaConfig, *, address: str
     import signal
     import threading
 
-    from ray import serve
-
+    serve = import_serve()
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    cluster = start_replicas(steering_config, replica_config, address=address, host=host, port=port,
-                             engine_limits=engine_limits, settings=settings)
+    try:
+        cluster = start_replicas(steering_config, replica_config, address=address, host=host, port=port,
+                                 engine_limits=engine_limits, settings=settings)
+    except BaseException:
+        signal.signal(signal.SIGTERM, previous)
+        raise
     try:
         scale = (f"autoscaling {replica_config.autoscaling_config}" if replica_config.autoscaling_config
                  else f"{replica_config.replicas} replica{'s' if replica_config.replicas != 1 else ''}")
@@ -119,13 +144,13 @@ def serve_command(steering_config, address: str | None, replicas: int | None, co
     """What ``steerkit serve --ray/--replicas/--ray-config`` dispatches to."""
     from ..errors import InvalidArgumentError
     from ..serving.app import ServerSettings
-    from .cluster import check_address, import_ray
+    from .cluster import check_address
 
     if address is None:
         raise InvalidArgumentError("--replicas and --ray-config run Ray Serve replicas: add --ray auto (or local, "
                                    "or HOST:PORT).")
     check_address(address)
-    import_ray()
+    import_serve()
     overrides = {"replicas": replicas} if replicas is not None else {}
     cfg = (ReplicaConfig.from_file(config_file, **overrides) if config_file
            else ReplicaConfig.from_dict(overrides, source="command-line options"))
