@@ -1,5 +1,6 @@
-"""What the server tests share: a real uvicorn server on a free 127.0.0.1 port in a thread, tiny engines, and
-rewards that fail or are slow on purpose (real reward sessions underneath, wrapped)."""
+"""What the server and cluster tests share: a real uvicorn server on a free 127.0.0.1 port in a thread, tiny
+engines, tiny models saved as directories (for processes that load them by path), and rewards that fail or are
+slow on purpose (real reward sessions underneath, wrapped)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import time
 import torch
 
 from steerkit.rewards.scorer import RewardModelScorer
-from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward
+from steerkit.testing import make_tokenizer, save_tiny_lm, tiny_lm, tiny_reward
 
 CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
                  "{% if add_generation_prompt %}<s>assistant:{% endif %}")
@@ -31,6 +32,25 @@ def tiny_engine(parts, rewards=None, **kwargs):
         rewards = {"tiny": RewardModelScorer(rm)}
     kwargs.setdefault("default_k", 8)
     return Engine(lm, tokenizer, rewards, **kwargs)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server or cluster the test starts in another process)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def save_tiny_reward(root, tokenizer, *, name: str, layers: int = 1, backbone_seed: int = 3, head_seed: int = 11):
+    """A tiny reward model saved to ``root / "rm"`` (over a tiny LM backbone saved to ``root / "backbone"``),
+    its head drawn with ``head_seed`` (std 0.5) so that candidates get clearly different rewards; the directory."""
+    from steerkit.rewards.model import RewardModel
+
+    backbone = save_tiny_lm(root / "backbone", tokenizer, seed=backbone_seed)
+    rm = RewardModel.from_backbone(str(backbone), layers, name=name)
+    torch.manual_seed(head_seed)
+    torch.nn.init.normal_(rm.head.weight, std=0.5)
+    return rm.save_pretrained(root / "rm")
 
 
 class ServerThread:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import pytest
 
@@ -25,23 +24,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory):
-    import torch
+    from serve_support import free_port, save_tiny_reward
 
     from steerkit.config import SteeringConfig
     from steerkit.distributed.serve import ReplicaConfig, start_replicas
-    from steerkit.rewards.model import RewardModel
     from steerkit.testing import make_tokenizer, save_tiny_lm
 
     root = tmp_path_factory.mktemp("serve-models")
     tok = make_tokenizer()
     lm = save_tiny_lm(root / "lm", tok, seed=0)
-    rm = RewardModel.from_backbone(str(save_tiny_lm(root / "backbone", tok, seed=3)), 1, name="tiny")
-    torch.manual_seed(11)
-    torch.nn.init.normal_(rm.head.weight, std=0.5)
-    cfg = SteeringConfig(lm=str(lm), rewards=[{"name": str(rm.save_pretrained(root / "rm")), "beta": 5}], k=8)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    cfg = SteeringConfig(lm=str(lm), rewards=[{"name": str(save_tiny_reward(root, tok, name="tiny")), "beta": 5}],
+                         k=8)
+    port = free_port()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_AUTH_MODE", "disabled")
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")

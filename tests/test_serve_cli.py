@@ -16,11 +16,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from serve_support import wait_until  # noqa: E402
+from serve_support import free_port, save_tiny_reward, wait_until  # noqa: E402
 
-import torch  # noqa: E402
-
-from steerkit.rewards.model import RewardModel  # noqa: E402
 from steerkit.testing import make_tokenizer, save_tiny_lm  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -31,17 +28,8 @@ def model_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("serve-cli")
     tokenizer = make_tokenizer()
     lm_dir = save_tiny_lm(root / "lm", tokenizer, seed=0, layers=4, hidden=64)
-    rm = RewardModel.from_backbone(str(save_tiny_lm(root / "backbone", tokenizer, seed=1)), 2, name="tiny-rm")
-    torch.manual_seed(101)
-    torch.nn.init.normal_(rm.head.weight, std=0.5)
-    rm_dir = rm.save_pretrained(root / "rm")
+    rm_dir = save_tiny_reward(root, tokenizer, name="tiny-rm", layers=2, backbone_seed=1, head_seed=101)
     return lm_dir, rm_dir
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(args, port):

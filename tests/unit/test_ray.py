@@ -12,10 +12,10 @@ import socket
 import subprocess
 import sys
 import time
-from functools import partial
 
 import pytest
-import torch
+
+from serve_support import free_port, save_tiny_reward
 
 from steerkit.cli.main import main
 from steerkit.config import SteeringConfig
@@ -30,12 +30,6 @@ PROMPTS = ["The quick", "I love", "This is", "Numbers and", "You are", "CafÃ© dÃ
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "STEERKIT_THREADS": "1"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ray_env():
     with pytest.MonkeyPatch.context() as mp:
@@ -47,18 +41,14 @@ def ray_env():
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from steerkit.rewards.model import RewardModel
     from steerkit.testing import make_tokenizer, save_tiny_lm
 
     root = tmp_path_factory.mktemp("ray-models")
     tok = make_tokenizer()
     lm = save_tiny_lm(root / "lm", tok, seed=0)
-    rm = RewardModel.from_backbone(str(save_tiny_lm(root / "backbone", tok, seed=3)), 1, name="tiny-rm")
-    torch.manual_seed(11)
-    torch.nn.init.normal_(rm.head.weight, std=0.5)
     prompts = root / "tiny_prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": {"text": t}}) + "\n" for t in PROMPTS))
-    return {"lm": str(lm), "rm": str(rm.save_pretrained(root / "rm")), "prompts": prompts}
+    return {"lm": str(lm), "rm": str(save_tiny_reward(root, tok, name="tiny-rm")), "prompts": prompts}
 
 
 def settings(models) -> BatchSettings:
