@@ -53,10 +53,10 @@ def generate(
                                           "one per prompt × return sequence; rerun to resume."),
     prompt_field: str = typer.Option("prompt.text", "--prompt-field", help="With --input: dotted field holding the "
                                      "prompt text in each JSONL record (as eval's prompt `field`)."),
-    ray_address: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help=_scaling.RAY_HELP),
-    actors: Optional[int] = typer.Option(None, "--actors", min=1, help=_scaling.ACTORS_HELP),
-    threads_per_actor: int = typer.Option(1, "--threads-per-actor", min=1, help=_scaling.THREADS_HELP),
-    gpus_per_actor: Optional[float] = typer.Option(None, "--gpus-per-actor", min=0, help=_scaling.GPUS_HELP),
+    ray_address: Optional[str] = _scaling.RAY_OPTION,
+    actors: Optional[int] = _scaling.ACTORS_OPTION,
+    threads_per_actor: int = _scaling.THREADS_OPTION,
+    gpus_per_actor: Optional[float] = _scaling.GPUS_OPTION,
 ):
     """Generate steered continuations."""
     cfg = SteeringConfig.from_file(config) if config else SteeringConfig()

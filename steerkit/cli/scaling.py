@@ -6,13 +6,22 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+import typer
+
 from ..errors import InvalidArgumentError
 
 RAY_HELP = ("Shard the prompts over Ray actors: auto (the running cluster), local (start one here) or HOST:PORT. "
             "Needs pip install \"steerkit[ray]\". See docs/scaling.md.")
-ACTORS_HELP = "Ray actors, each loading the models once. [default: the cluster's GPUs, else CPUs ÷ threads]"
+ACTORS_HELP = "Ray actors, each loading the models once. \\[default: the cluster's GPUs, else CPUs ÷ threads]"
 THREADS_HELP = "torch threads (and CPUs reserved) per Ray actor."
-GPUS_HELP = "GPUs per Ray actor (a fraction shares one). [default: 1 each on a cluster with GPUs, else 0]"
+GPUS_HELP = "GPUs per Ray actor (a fraction shares one). \\[default: 1 each on a cluster with GPUs, else 0]"
+
+# The four options as one set of typer declarations, used as they are by every command that takes them
+# (the parameters must be named ray_address, actors, threads_per_actor and gpus_per_actor).
+RAY_OPTION = typer.Option(None, "--ray", metavar="ADDRESS", help=RAY_HELP)
+ACTORS_OPTION = typer.Option(None, "--actors", min=1, help=ACTORS_HELP)
+THREADS_OPTION = typer.Option(1, "--threads-per-actor", min=1, help=THREADS_HELP)
+GPUS_OPTION = typer.Option(None, "--gpus-per-actor", min=0, help=GPUS_HELP)
 
 
 @contextmanager

@@ -21,8 +21,6 @@ from ..errors import (
     ClusterResourcesError, ClusterUnreachableError, InvalidArgumentError, RayNotInstalledError,
 )
 
-ADDRESS_HELP = ("Run on a Ray cluster: auto (the running one), local (start one on this machine) or HOST:PORT "
-                "(ray://HOST:PORT for a Ray client). Needs pip install \"steerkit[ray]\".")
 INSTALL = 'pip install "steerkit[ray]"'
 #: Environment variables the actors get from the driver (steerkit's own, the plugin allowlist, hub settings).
 FORWARDED_ENV = ("STEERKIT_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
