@@ -140,16 +140,15 @@ class RowHandle:
         raise AssertionError("unreachable")
 
     # -- the engine's side ---------------------------------------------------------------------------
-    def _emit(self, event: TokenEvent | FinishEvent) -> bool:
-        """Deliver ``event``; False when the caller's event loop is gone (the row should be dropped)."""
+    def _emit(self, event: TokenEvent | FinishEvent) -> None:
+        """Deliver ``event``. When the caller's event loop is gone the row is marked cancelled, so that the
+        engine drops it at its next step."""
         if isinstance(event, FinishEvent):
             self.finish = event
         if self._async_queue is None:
             self._queue.put(event)
-            return True
+            return
         try:
             self._loop.call_soon_threadsafe(self._async_queue.put_nowait, event)
         except RuntimeError:  # the event loop is closed: nobody will read this row
             self._cancelled.set()
-            return False
-        return True
