@@ -33,9 +33,10 @@ FLOORS = {
         "implicit derogation": 1 / 12, "negated positive": 0.0, "spelling variants": 11 / 12, "counter-speech": 0.0,
         "neutral identity": 10 / 12, "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
     },
+    # 0.2.0 measured 12/12, 11/12, 12/12, 11/12 and 7/12 (negation is the card's failure mode)
     "sentiment": {
-        "lowercased tokenized, positive": 0.0, "lowercased tokenized, negative": 0.0,
-        "normal casing, positive": 0.0, "normal casing, negative": 0.0, "negation": 0.0,
+        "lowercased tokenized, positive": 11 / 12, "lowercased tokenized, negative": 10 / 12,
+        "normal casing, positive": 11 / 12, "normal casing, negative": 10 / 12, "negation": 6 / 12,
     },
 }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from steerkit import hookimpl
 from steerkit.rewards.packaged import describe_reward_model, reward_model_factory
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 NAME = "sentiment"
 ATTRIBUTE = "probability that the text expresses positive sentiment"
