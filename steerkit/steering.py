@@ -266,19 +266,19 @@ def warn_if_slow(k: int, terms: list[SteeringTerm], stacklevel: int = 3) -> bool
     return True
 
 
-def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: list[RewardSession],
-             step: int) -> StepResult:
-    """Apply RAD to next-token logits [B, V]: keep the top-k, add Σ β ρ, exclude everything else.
+def combine(z: torch.Tensor, terms: list[SteeringTerm], rhos, step: int
+            ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """``z + Σ β(step)·f(ρ)`` over the candidates ``z`` ([..., k]); ``rhos`` gives each term's raw rewards in order.
 
-    Raises :class:`~steerkit.errors.NonFiniteRewardError` when a reward is NaN/±inf (also for a term with
-    β = 0, whose rewards still go into traces) or when β·ρ overflows float32.
+    Returns the combined scores, each term's shaped reward (by name) and ``ok``, a 0-dim bool tensor that is
+    False when a reward is NaN/±inf or the combined scores hold NaN/+inf (then call :func:`_raise_non_finite`).
+    A term whose β is 0 adds nothing, but its rewards are still shaped, returned and checked.
     """
-    topk_logits, topk_ids = logits.float().topk(k, dim=-1)
-    combined = topk_logits.clone()
+    combined = z.clone()
     rewards = {}
     reward_sum = None
-    for term, session in zip(terms, sessions):
-        rho = session.score(topk_ids).to(combined.device, combined.dtype)
+    for term, rho in zip(terms, rhos):
+        rho = rho.to(combined.device, combined.dtype)
         if term.transform is not None:
             rho = term.transform(rho)
         rewards[term.name] = rho
@@ -291,13 +291,33 @@ def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: 
     ok = (combined < math.inf).all()
     if reward_sum is not None:
         ok = ok & torch.isfinite(reward_sum).all()
+    return combined, rewards, ok
+
+
+def shifted_scores(combined: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Float32 scores [B, V]: ``combined`` [B, k] at ``ids`` [B, k], shifted to a row max of 0; -inf elsewhere.
+
+    Shifted so that each row's best candidate scores 0 (softmax and argmax are shift-invariant): dividing by
+    a tiny temperature then gives 0 and -inf instead of inf - inf = NaN, for steerkit.generate and for
+    transformers' temperature after the LogitsProcessor alike. Done on [B, k], not on the [B, V] scores.
+    """
+    shifted = combined - combined.amax(dim=-1, keepdim=True)
+    scores = torch.full((combined.shape[0], vocab_size), float("-inf"), dtype=torch.float32, device=combined.device)
+    return scores.scatter_(1, ids, shifted)
+
+
+def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: list[RewardSession],
+             step: int) -> StepResult:
+    """Apply RAD to next-token logits [B, V]: keep the top-k, add Σ β ρ, exclude everything else.
+
+    Raises :class:`~steerkit.errors.NonFiniteRewardError` when a reward is NaN/±inf (also for a term with
+    β = 0, whose rewards still go into traces) or when β·ρ overflows float32.
+    """
+    topk_logits, topk_ids = logits.float().topk(k, dim=-1)
+    combined, rewards, ok = combine(topk_logits, terms, (session.score(topk_ids) for session in sessions), step)
     if not ok:
         _raise_non_finite(topk_ids, topk_logits, rewards, terms, step)
-    # Shifted so that each row's best candidate scores 0 (softmax and argmax are shift-invariant): dividing by
-    # a tiny temperature then gives 0 and -inf instead of inf - inf = NaN, for steerkit.generate and for
-    # transformers' temperature after the LogitsProcessor alike. Done on [B, k], not on the [B, V] scores.
-    shifted = combined - combined.amax(dim=-1, keepdim=True)
-    scores = torch.full_like(logits, float("-inf"), dtype=torch.float32).scatter_(1, topk_ids, shifted)
+    scores = shifted_scores(combined, topk_ids, logits.shape[-1])
     return StepResult(scores, topk_ids, topk_logits, rewards, combined)
 
 

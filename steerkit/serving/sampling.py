@@ -14,12 +14,11 @@ its first k candidates (``topk`` is sorted, so they are its own top-k) and exclu
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from ..steering import _raise_non_finite
+from ..steering import _raise_non_finite, combine, shifted_scores
 from .rows import Row
 
 
@@ -39,20 +38,7 @@ def row_combined(row: Row, topk_logits: torch.Tensor, topk_ids: torch.Tensor,
     """
     k, step = row.k, row.step
     z = topk_logits[:k]
-    combined = z.clone()
-    rewards, reward_sum = {}, None
-    for term in row.terms:
-        r = rho[id(term.reward)][:k].to(combined.device, combined.dtype)
-        if term.transform is not None:
-            r = term.transform(r)
-        rewards[term.name] = r
-        reward_sum = r if reward_sum is None else reward_sum + r
-        beta = term.weight(step)
-        if beta:
-            combined = combined + beta * r
-    ok = bool((combined < math.inf).all())
-    if reward_sum is not None:
-        ok = ok and bool(torch.isfinite(reward_sum).all())
+    combined, rewards, ok = combine(z, row.terms, (rho[id(term.reward)][:k] for term in row.terms), step)
     if not ok:
         _raise_non_finite(topk_ids[None, :k], z[None], {n: r[None] for n, r in rewards.items()}, row.terms, step)
     return combined, rewards
@@ -62,9 +48,7 @@ def choose(row: Row, combined: torch.Tensor, topk_ids: torch.Tensor, vocab_size:
            rewards: dict[str, torch.Tensor]) -> Choice:
     """The row's token from its combined scores [k] (candidates ``topk_ids[:k]``)."""
     ids = topk_ids[: row.k]
-    shifted = combined - combined.amax(dim=-1, keepdim=True)
-    scores = torch.full((1, vocab_size), float("-inf"), dtype=torch.float32, device=combined.device)
-    scores.scatter_(1, ids[None], shifted[None])
+    scores = shifted_scores(combined[None], ids[None], vocab_size)
     if row.temperature == 0:
         token = int(scores.argmax(-1))
     else:
