@@ -31,6 +31,7 @@ from .loss import LOSSES
 from .metrics import final_metrics
 from .output import check_checkpoint_dir, check_output_dir, write_output
 from .runtime import StopRequest, hardware, log
+from .update import apply_update
 
 
 def train_distilled(config, *, resume: bool, overwrite: bool, progress: bool, callbacks, build, schedule):
@@ -123,13 +124,8 @@ def train_distilled(config, *, resume: bool, overwrite: bool, progress: bool, ca
                 loss = loss + label_weight * LOSSES[config.loss](rewards, targets, batch["attention_mask"])
             if not torch.isfinite(loss):
                 raise ConfigError(f"Loss became {loss.item()} at step {step + 1}; lower the learning rate.")
-            loss.backward()
-            if config.grad_clip:
-                torch.nn.utils.clip_grad_norm_(list(params.values()), config.grad_clip)
-            for group in optimizer.param_groups:
-                group["lr"] = schedule(step, total, config.learning_rate, warmup)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            apply_update(loss, optimizer, list(params.values()), config.grad_clip,
+                         schedule(step, total, config.learning_rate, warmup))
             step += 1
             value = float(loss.detach())
             running = value if running is None else 0.98 * running + 0.02 * value

@@ -45,6 +45,7 @@ from .loss import LOSSES
 from .output import check_checkpoint_dir, check_output_dir, write_output
 from .metrics import final_metrics, predict, summarise
 from .runtime import StopRequest, hardware, log
+from .update import apply_update
 
 
 @dataclass
@@ -278,13 +279,8 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                 path = checkpoint(step, elapsed_before + time.perf_counter() - loop_start) if step else None
                 raise ConfigError(f"Loss became {loss.item()} at step {step + 1}; lower the learning rate. "
                                       + (f"Last good state saved in {path}." if path else ""))
-            loss.backward()
-            if config.grad_clip:
-                torch.nn.utils.clip_grad_norm_(list(params.values()), config.grad_clip)
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(step, total, config.learning_rate, warmup)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            apply_update(loss, optimizer, list(params.values()), config.grad_clip,
+                         learning_rate(step, total, config.learning_rate, warmup))
             step += 1
             examples_seen += len(batch_idx)
             value = float(loss.detach())
