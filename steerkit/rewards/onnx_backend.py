@@ -198,20 +198,10 @@ class OnnxRewardModel:
     @torch.no_grad()
     def score_texts(self, texts: list[str], batch_size: int = 32, per_prefix: bool = False):
         """Reward of each text (from scratch: one prefill per batch, zero-length past)."""
-        finals, prefixes = [], []
-        for i in range(0, len(texts), batch_size):
-            enc = self.encode(texts[i:i + batch_size])
-            mask = enc["attention_mask"].bool()
-            B = mask.shape[0]
-            positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-            allowed = append_mask_4d(torch.zeros((B, 0), dtype=torch.bool), mask)
-            rewards, _ = self.runtime.run(enc["input_ids"], positions, additive(allowed),
-                                          self.runtime.empty_past(B))
-            rewards = rewards.cpu()
-            finals.extend(rewards[:, -1].tolist())
-            if per_prefix:
-                prefixes.extend(r[m][1:].tolist() for r, m in zip(rewards, mask))
-        return (finals, prefixes) if per_prefix else finals
+        def rewards(ids, positions, mask4d, mask):
+            return self.runtime.run(ids, positions, mask4d, self.runtime.empty_past(mask.shape[0]))[0].cpu()
+
+        return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards)
 
 
 _FROM_TORCH: "weakref.WeakKeyDictionary[RewardModel, OnnxRewardModel]" = weakref.WeakKeyDictionary()
@@ -270,3 +260,23 @@ class OnnxScoringCache(SharedPrefixCache):
     def _join_rows(self, other: "OnnxScoringCache", pad_self: int, pad_other: int) -> None:
         self.past = [torch.cat([left_pad_kv(a, pad_self), left_pad_kv(b.to(a.device), pad_other)])
                      for a, b in zip(self.past, other.past)]
+
+
+def score_from_scratch(encode, texts: list[str], batch_size: int, per_prefix: bool, rewards):
+    """``score_texts`` of an ONNX reward model: one prefill per batch of ``batch_size`` texts, zero-length past.
+
+    ``encode(texts)`` gives ``input_ids`` and ``attention_mask`` [B, n]; ``rewards(ids, positions, mask4d, mask)``
+    gives the reward at every position [B, n] (``mask4d`` the additive 4D mask, ``mask`` the bool [B, n] one).
+    Returns the final reward of each text, and with ``per_prefix`` also each text's prefix rewards.
+    """
+    finals, prefixes = [], []
+    for i in range(0, len(texts), batch_size):
+        enc = encode(texts[i:i + batch_size])
+        mask = enc["attention_mask"].bool()
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        allowed = append_mask_4d(torch.zeros((mask.shape[0], 0), dtype=torch.bool), mask)
+        batch_rewards = rewards(enc["input_ids"], positions, additive(allowed), mask)
+        finals.extend(batch_rewards[:, -1].tolist())
+        if per_prefix:
+            prefixes.extend(r[m][1:].tolist() for r, m in zip(batch_rewards, mask))
+    return (finals, prefixes) if per_prefix else finals

@@ -35,7 +35,7 @@ import torch
 from ..errors import ExportError
 from ..models import atomic_write_text
 from .model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel
-from .onnx_backend import OnnxRuntime
+from .onnx_backend import OnnxRuntime, score_from_scratch
 from .onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against_torch, _legacy_exporter,
                           _make_tmp_dir, _probe_inputs, _publish, _require, _sha256, _steerkit_version, _umask,
                           cache_entry, kv_shape, model_content_hash, reward_dir_hash)
@@ -248,17 +248,8 @@ class OnnxTokenModel:
     @torch.no_grad()
     def score_texts(self, texts: list[str], batch_size: int = 32, per_prefix: bool = False):
         """Reward of each text (and with ``per_prefix`` of every prefix), from scratch."""
-        from .attention import additive, append_mask_4d
+        def rewards(ids, positions, mask4d, mask):
+            query, offset, _ = self.run(ids, positions, mask4d, self.empty_past(ids.shape[0]))
+            return self.output(realized_logits(query, offset, self.output_embeddings, ids, mask.long()))
 
-        finals, prefixes = [], []
-        for i in range(0, len(texts), batch_size):
-            enc = self.encode(texts[i:i + batch_size])
-            ids, mask = enc["input_ids"], enc["attention_mask"].bool()
-            allowed = append_mask_4d(torch.zeros((ids.shape[0], 0), dtype=torch.bool), mask)
-            query, offset, _ = self.run(ids, (mask.long().cumsum(-1) - 1).clamp(min=0), additive(allowed),
-                                        self.empty_past(ids.shape[0]))
-            rewards = self.output(realized_logits(query, offset, self.output_embeddings, ids, mask.long()))
-            finals.extend(rewards[:, -1].tolist())
-            if per_prefix:
-                prefixes.extend(r[m][1:].tolist() for r, m in zip(rewards, mask))
-        return (finals, prefixes) if per_prefix else finals
+        return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards)
