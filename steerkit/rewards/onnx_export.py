@@ -160,11 +160,7 @@ def export_onnx(model: RewardModel, out_dir: str | os.PathLike, *, source_hash: 
     with torch (max abs diff ≤ 1e-4) before it is published. Returns the export directory.
     """
     onnx = _require("onnx")
-    out = Path(out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"--out {out} exists and is not a directory.")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"{out} exists and is not empty; pass --force (overwrite=True) or choose another --out.")
+    out = _check_out_dir(out_dir, overwrite)
     if model.tokenizer is None:
         raise ExportError("The reward model has no tokenizer; load it with RewardModel.from_pretrained.")
     started = time.perf_counter()
@@ -172,37 +168,12 @@ def export_onnx(model: RewardModel, out_dir: str | os.PathLike, *, source_hash: 
     L = model.config.num_layers
     heads, head_dim = kv_shape(model)
     names_in, names_out = input_names(L), output_names(L)
-    dynamic = {"input_ids": {0: "batch", 1: "new"}, "position_ids": {0: "batch", 1: "new"},
-               "attention_mask": {0: "batch", 2: "new", 3: "total"}, "rewards": {0: "batch", 1: "new"}}
-    dynamic.update({n: {0: "batch", 2: "past"} for n in names_in[3:]})
-    dynamic.update({n: {0: "batch", 2: "total"} for n in names_out[1:]})
+    dynamic = _dynamic_axes(names_in, names_out, 1)
     wrapper = _ExportWrapper(model).eval()
     tmp = _make_tmp_dir(out)
     try:
-        raw = tmp / "raw"
-        raw.mkdir()
-        # Trace with new=3 > 1 so that no single-query fast path of the attention code is baked in.
-        args = _probe_inputs(model, batch=2, new=3, past=4)
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                torch.onnx.export(wrapper, args, str(raw / MODEL_FILE), input_names=names_in,
-                                  output_names=names_out, dynamic_axes=dynamic, opset_version=opset,
-                                  do_constant_folding=True, **_legacy_exporter())
-            except Exception as exc:  # the exporter raises many types; wrap them with context
-                raise ExportError(f"torch.onnx.export failed for {model.config.name!r} (opset {opset}): "
-                                  f"{type(exc).__name__}: {exc}") from exc
-        proto = onnx.load(str(raw / MODEL_FILE), load_external_data=True)
-        weight_bytes = sum(len(t.raw_data) for t in proto.graph.initializer)
-        external = weight_bytes > external_data_threshold
-        if external:
-            onnx.save_model(proto, str(tmp / MODEL_FILE), save_as_external_data=True,
-                            all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
-        else:
-            onnx.save_model(proto, str(tmp / MODEL_FILE))
-        del proto
-        shutil.rmtree(raw)
-        onnx.checker.check_model(str(tmp / MODEL_FILE))
+        external = _write_graph(onnx, wrapper, model, tmp, names_in, names_out, dynamic, opset,
+                                external_data_threshold)
         model.tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
         files = [MODEL_FILE] + ([DATA_FILE] if external else [])
         manifest = {
@@ -228,14 +199,85 @@ def export_onnx(model: RewardModel, out_dir: str | os.PathLike, *, source_hash: 
         }
         if check:
             _check_against_torch(tmp, wrapper, names_in, model)
-        manifest["exported_with"]["seconds"] = round(time.perf_counter() - started, 2)
-        atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2))
-        os.chmod(tmp / MANIFEST_NAME, 0o666 & ~_umask())
-        _publish(tmp, out)
+        _write_manifest_and_publish(tmp, out, manifest, started)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _check_out_dir(out_dir, overwrite: bool) -> Path:
+    """``out_dir`` as a Path, refused when it is a file, or a non-empty directory without ``overwrite``."""
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} exists and is not a directory.")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ExportError(f"{out} exists and is not empty; pass --force (overwrite=True) or choose another --out.")
+    return out
+
+
+def _dynamic_axes(names_in: list[str], names_out: list[str], per_position: int) -> dict:
+    """The graph's dynamic axes; the first ``per_position`` outputs are ["batch", "new"], then present KV."""
+    dynamic = {"input_ids": {0: "batch", 1: "new"}, "position_ids": {0: "batch", 1: "new"},
+               "attention_mask": {0: "batch", 2: "new", 3: "total"},
+               **{n: {0: "batch", 1: "new"} for n in names_out[:per_position]}}
+    dynamic.update({n: {0: "batch", 2: "past"} for n in names_in[3:]})
+    dynamic.update({n: {0: "batch", 2: "total"} for n in names_out[per_position:]})
+    return dynamic
+
+
+def _write_graph(onnx, wrapper: torch.nn.Module, model, tmp: Path, names_in: list[str], names_out: list[str],
+                 dynamic: dict, opset: int, external_data_threshold: int) -> bool:
+    """Trace ``wrapper`` to ``tmp``/model.onnx (+ model.onnx.data over the threshold), checked; True if external."""
+    raw = tmp / "raw"
+    raw.mkdir()
+    # Trace with new=3 > 1 so that no single-query fast path of the attention code is baked in.
+    args = _probe_inputs(model, batch=2, new=3, past=4)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(wrapper, args, str(raw / MODEL_FILE), input_names=names_in,
+                              output_names=names_out, dynamic_axes=dynamic, opset_version=opset,
+                              do_constant_folding=True, **_legacy_exporter())
+        except Exception as exc:  # the exporter raises many types; wrap them with context
+            raise ExportError(f"torch.onnx.export failed for {model.config.name!r} (opset {opset}): "
+                              f"{type(exc).__name__}: {exc}") from exc
+    proto = onnx.load(str(raw / MODEL_FILE), load_external_data=True)
+    weight_bytes = sum(len(t.raw_data) for t in proto.graph.initializer)
+    external = weight_bytes > external_data_threshold
+    if external:
+        onnx.save_model(proto, str(tmp / MODEL_FILE), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=DATA_FILE, size_threshold=1024)
+    else:
+        onnx.save_model(proto, str(tmp / MODEL_FILE))
+    del proto
+    shutil.rmtree(raw)
+    onnx.checker.check_model(str(tmp / MODEL_FILE))
+    return external
+
+
+def _write_manifest_and_publish(tmp: Path, out: Path, manifest: dict, started: float) -> None:
+    """Stamp the export time, write the manifest last (atomically) and rename ``tmp`` into place as ``out``."""
+    manifest["exported_with"]["seconds"] = round(time.perf_counter() - started, 2)
+    atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2))
+    os.chmod(tmp / MANIFEST_NAME, 0o666 & ~_umask())
+    _publish(tmp, out)
+
+
+def _export_into_cache(entry: Path, export) -> Path:
+    """``export(staging)`` to a private directory renamed to ``entry``; a concurrent winner's export is kept."""
+    staging = entry.with_name(f"{entry.name}.staging{os.getpid()}.{time.monotonic_ns()}")
+    try:
+        export(staging)
+        try:
+            os.rename(staging, entry)
+        except OSError:
+            if not (entry / MANIFEST_NAME).is_file():
+                raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return entry
 
 
 def _legacy_exporter() -> dict:
@@ -350,17 +392,7 @@ def ensure_cached_export(model_or_dir, *, reward_hash: str | None = None, opset:
         return entry
     if model is None:
         model = RewardModel.from_pretrained(model_or_dir)
-    staging = entry.with_name(f"{entry.name}.staging{os.getpid()}.{time.monotonic_ns()}")
-    try:
-        export_onnx(model, staging, source_hash=reward_hash, source=source, opset=opset)
-        try:
-            os.rename(staging, entry)
-        except OSError:
-            if not (entry / MANIFEST_NAME).is_file():
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return entry
+    return _export_into_cache(
+        entry, lambda staging: export_onnx(model, staging, source_hash=reward_hash, source=source, opset=opset))
 
 

@@ -24,21 +24,19 @@ drives; parity with torch is checked at export (≤ 1e-4 on probes) and tested.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
-import warnings
 from pathlib import Path
 
 import torch
 
 from ..errors import ExportError
-from ..models import atomic_write_text
 from .model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel
 from .onnx_backend import OnnxRuntime, score_from_scratch
-from .onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against_torch, _legacy_exporter,
-                          _make_tmp_dir, _probe_inputs, _publish, _require, _sha256, _steerkit_version, _umask,
-                          cache_entry, kv_shape, model_content_hash, reward_dir_hash)
+from .onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against_torch, _check_out_dir,
+                          _dynamic_axes, _export_into_cache, _make_tmp_dir, _require, _sha256, _steerkit_version,
+                          _write_graph, _write_manifest_and_publish, cache_entry, kv_shape, model_content_hash,
+                          reward_dir_hash)
 from .onnx_manifest import (DATA_FILE, EXPORT_FORMAT, EXPORT_FORMAT_VERSION, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR,
                             input_names, is_export_dir, output_names, tokenizer_fingerprint, verify_export)
 from .token_model import TokenRewardModel, is_token_directory, realized_logits
@@ -72,44 +70,18 @@ def export_token_onnx(model: TokenRewardModel, out_dir, *, source_hash: str | No
     onnx = _require("onnx")
     from safetensors.torch import save_file
 
-    out = Path(out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ExportError(f"--out {out} exists and is not a directory.")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ExportError(f"{out} exists and is not empty; pass --force (overwrite=True) or choose another --out.")
+    out = _check_out_dir(out_dir, overwrite)
     started = time.perf_counter()
     source_hash = source_hash or model_content_hash(model)
     L = model.config.num_layers
     heads, head_dim = kv_shape(model)
     names_in, names_out = input_names(L), output_names(L, "token")
-    dynamic = {"input_ids": {0: "batch", 1: "new"}, "position_ids": {0: "batch", 1: "new"},
-               "attention_mask": {0: "batch", 2: "new", 3: "total"}, "query": {0: "batch", 1: "new"},
-               "offset": {0: "batch", 1: "new"}}
-    dynamic.update({n: {0: "batch", 2: "past"} for n in names_in[3:]})
-    dynamic.update({n: {0: "batch", 2: "total"} for n in names_out[2:]})
+    dynamic = _dynamic_axes(names_in, names_out, 2)
     wrapper = _TokenExportWrapper(model).eval()
     tmp = _make_tmp_dir(out)
     try:
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                torch.onnx.export(wrapper, _probe_inputs(model, batch=2, new=3, past=4), str(tmp / MODEL_FILE),
-                                  input_names=names_in, output_names=names_out, dynamic_axes=dynamic,
-                                  opset_version=opset, do_constant_folding=True, **_legacy_exporter())
-            except Exception as exc:  # the exporter raises many types; wrap them with context
-                raise ExportError(f"torch.onnx.export failed for {model.config.name!r} (opset {opset}): "
-                                  f"{type(exc).__name__}: {exc}") from exc
-        proto = onnx.load(str(tmp / MODEL_FILE), load_external_data=True)
-        external = sum(len(t.raw_data) for t in proto.graph.initializer) > external_data_threshold
-        for leftover in tmp.iterdir():
-            leftover.unlink()
-        if external:
-            onnx.save_model(proto, str(tmp / MODEL_FILE), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=DATA_FILE, size_threshold=1024)
-        else:
-            onnx.save_model(proto, str(tmp / MODEL_FILE))
-        del proto
-        onnx.checker.check_model(str(tmp / MODEL_FILE))
+        external = _write_graph(onnx, wrapper, model, tmp, names_in, names_out, dynamic, opset,
+                                external_data_threshold)
         save_file({"embeddings": model.output_embeddings.detach().float().contiguous().cpu()},
                   str(tmp / EMBEDDINGS_FILE))
         model.tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
@@ -130,10 +102,7 @@ def export_token_onnx(model: TokenRewardModel, out_dir, *, source_hash: str | No
         }
         if check:
             _check_against_torch(tmp, wrapper, names_in, model)
-        manifest["exported_with"]["seconds"] = round(time.perf_counter() - started, 2)
-        atomic_write_text(tmp / MANIFEST_NAME, json.dumps(manifest, indent=2))
-        os.chmod(tmp / MANIFEST_NAME, 0o666 & ~_umask())
-        _publish(tmp, out)
+        _write_manifest_and_publish(tmp, out, manifest, started)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -147,19 +116,9 @@ def ensure_token_export(directory, *, reward_hash: str | None = None, opset: int
     entry = cache_entry(reward_hash, opset)
     if (entry / MANIFEST_NAME).is_file():
         return entry
-    staging = entry.with_name(f"{entry.name}.staging{os.getpid()}.{time.monotonic_ns()}")
-    try:
-        export_token_onnx(TokenRewardModel.from_pretrained(directory), staging, source_hash=reward_hash,
-                          source={"kind": "directory", "directory": str(directory.resolve())}, opset=opset)
-        try:
-            os.rename(staging, entry)
-        except OSError:
-            if not (entry / MANIFEST_NAME).is_file():
-                raise
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
-    return entry
+    return _export_into_cache(entry, lambda staging: export_token_onnx(
+        TokenRewardModel.from_pretrained(directory), staging, source_hash=reward_hash,
+        source={"kind": "directory", "directory": str(directory.resolve())}, opset=opset))
 
 
 def token_export_source(reference: str) -> tuple[TokenRewardModel, str, dict] | None:
