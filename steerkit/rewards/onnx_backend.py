@@ -167,16 +167,8 @@ class OnnxRewardModel:
     @classmethod
     def load(cls, reference: str | os.PathLike, **kwargs) -> "OnnxRewardModel":
         """An export directory, or a reward-model directory (exported into the cache on first use)."""
-        path = Path(reference).expanduser()
-        if path.name == CONFIG_NAME:
-            path = path.parent
-        if is_export_dir(path):
-            return cls(path, **kwargs)
-        if (path / CONFIG_NAME).is_file():
-            reward_hash = reward_dir_hash(path)
-            return cls(ensure_cached_export(path, reward_hash=reward_hash), expected_hash=reward_hash, **kwargs)
-        raise ExportError(f"{path} is neither an ONNX export (no steerkit_onnx.json) nor a reward-model directory "
-                          f"(no {CONFIG_NAME}).")
+        return load_export(cls, reference, ensure_cached_export, "{path} is neither an ONNX export (no "
+                           f"steerkit_onnx.json) nor a reward-model directory (no {CONFIG_NAME}).", **kwargs)
 
     @classmethod
     def from_torch(cls, model: RewardModel, **kwargs) -> "OnnxRewardModel":
@@ -280,3 +272,18 @@ def score_from_scratch(encode, texts: list[str], batch_size: int, per_prefix: bo
         if per_prefix:
             prefixes.extend(r[m][1:].tolist() for r, m in zip(batch_rewards, mask))
     return (finals, prefixes) if per_prefix else finals
+
+
+def load_export(cls, reference, ensure_export, error: str, **kwargs):
+    """``cls`` loaded from ``reference``: an export directory, or a reward-model directory (or its config file)
+    exported by ``ensure_export(path, reward_hash=...)`` on first use; else an ExportError, ``error`` formatted
+    with ``path``."""
+    path = Path(reference).expanduser()
+    if path.name == CONFIG_NAME:
+        path = path.parent
+    if is_export_dir(path):
+        return cls(path, **kwargs)
+    if (path / CONFIG_NAME).is_file():
+        reward_hash = reward_dir_hash(path)
+        return cls(ensure_export(path, reward_hash=reward_hash), expected_hash=reward_hash, **kwargs)
+    raise ExportError(error.format(path=path))

@@ -32,7 +32,7 @@ import torch
 
 from ..errors import ExportError
 from .model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel
-from .onnx_backend import OnnxRuntime, score_from_scratch
+from .onnx_backend import OnnxRuntime, load_export, score_from_scratch
 from .onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against_torch, _check_out_dir,
                           _dynamic_axes, _export_into_cache, _make_tmp_dir, _require, _sha256, _steerkit_version,
                           _write_graph, _write_manifest_and_publish, cache_entry, kv_shape, model_content_hash,
@@ -169,15 +169,8 @@ class OnnxTokenModel:
     @classmethod
     def load(cls, reference, **kwargs) -> "OnnxTokenModel":
         """A token-level export directory, or a token-level reward-model directory (exported on first use)."""
-        path = Path(reference).expanduser()
-        if path.name == CONFIG_NAME:
-            path = path.parent
-        if is_export_dir(path):
-            return cls(path, **kwargs)
-        if (path / CONFIG_NAME).is_file():
-            reward_hash = reward_dir_hash(path)
-            return cls(ensure_token_export(path, reward_hash=reward_hash), expected_hash=reward_hash, **kwargs)
-        raise ExportError(f"{path} is neither an ONNX export nor a reward-model directory.")
+        return load_export(cls, reference, ensure_token_export,
+                           "{path} is neither an ONNX export nor a reward-model directory.", **kwargs)
 
     def __repr__(self) -> str:
         return f"OnnxTokenModel({self.config.name!r}, {self.directory}, layers={self.config.num_layers})"
