@@ -23,13 +23,13 @@ import torch
 from ..devices import resolve_device
 from ..errors import CheckpointError, ConfigError
 from ..threads import set_threads
-from .checkpoint import (clean_interrupted_writes, has_checkpoints, load_checkpoint, optimizer_from_tensors,
-                         remove_checkpoints, save_checkpoint)
+from .checkpoint import (clean_interrupted_writes, load_checkpoint, optimizer_from_tensors, remove_checkpoints,
+                         save_checkpoint)
 from .data import build_dataset, collate, tokenize
 from .distill_data import agreement, candidate_predictions, load_or_sample
 from .loss import LOSSES
 from .metrics import final_metrics
-from .output import check_checkpoint_dir, check_output_dir, write_output
+from .output import prepare_run_dirs, write_output
 from .runtime import StopRequest, hardware, log
 from .update import apply_update
 
@@ -48,14 +48,7 @@ def train_distilled(config, *, resume: bool, overwrite: bool, progress: bool, ca
                             dedup=config.dedup)
     data_hashes = {s.path: s.sha256 for s in dataset.stats + [st for _, _, st in dataset.eval_sets]}
     output, ckpt_dir = Path(config.output_dir), config.checkpoint_path
-    check_output_dir(output, overwrite)
-    check_checkpoint_dir(ckpt_dir, output)
-    created_ckpt_dir = not ckpt_dir.exists()
-    if not resume and has_checkpoints(ckpt_dir):
-        if not overwrite:
-            raise CheckpointError(f"{ckpt_dir} holds checkpoints of an earlier run. Pass --resume to continue it, "
-                                  "or --overwrite to discard them and start again.")
-        remove_checkpoints(ckpt_dir, remove_dir=False)
+    created_ckpt_dir = prepare_run_dirs(output, ckpt_dir, resume=resume, overwrite=overwrite)
 
     model = build(config)
     tok = model.tokenizer

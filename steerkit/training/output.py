@@ -15,8 +15,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..errors import ConfigError, OutputExistsError
+from ..errors import CheckpointError, ConfigError, OutputExistsError
 from ..rewards.model import CONFIG_NAME, RewardModel
+from .checkpoint import has_checkpoints, remove_checkpoints
 from .config import TrainConfig
 
 
@@ -95,3 +96,21 @@ def check_checkpoint_dir(ckpt_dir: Path, output: Path) -> None:
     if ckpt == out or out in ckpt.parents:
         raise ConfigError(f"checkpoint_dir {ckpt_dir} is inside output_dir {output}, which is replaced when "
                           "training ends. Choose a --checkpoint-dir outside it (the default is OUTPUT.checkpoints).")
+
+
+def prepare_run_dirs(output: Path, ckpt_dir: Path, *, resume: bool, overwrite: bool, inherited_owner=None) -> bool:
+    """Check the output and checkpoint directories before training; a fresh run (not ``resume``) discards an
+    earlier run's checkpoints, only with ``overwrite``. Returns whether this run owns the checkpoint directory
+    (then removes it once empty): True when it does not exist yet, else ``inherited_owner()`` (when given) of
+    the discarded run; a resumed run inherits it."""
+    check_output_dir(output, overwrite)  # now, not after minutes of training
+    check_checkpoint_dir(ckpt_dir, output)
+    created_ckpt_dir = not ckpt_dir.exists()
+    if not resume and has_checkpoints(ckpt_dir):
+        if not overwrite:
+            raise CheckpointError(f"{ckpt_dir} holds checkpoints of an earlier run. Pass --resume to continue it, "
+                                  "or --overwrite to discard them and start again.")
+        if inherited_owner is not None:
+            created_ckpt_dir = inherited_owner()
+        remove_checkpoints(ckpt_dir, remove_dir=False)  # only the checkpoints: anything else there stays
+    return created_ckpt_dir

@@ -36,13 +36,13 @@ from ..devices import resolve_device
 from ..threads import set_threads
 from ..errors import CheckpointError, ConfigError, RewardModelFormatError
 from ..rewards.model import RewardModel, lora_config, resolve_lora
-from .checkpoint import (LATEST_NAME, STATE_NAME, clean_interrupted_writes, has_checkpoints, load_checkpoint,
-                         optimizer_from_tensors, remove_checkpoints, save_checkpoint)
+from .checkpoint import (LATEST_NAME, STATE_NAME, clean_interrupted_writes, load_checkpoint, optimizer_from_tensors,
+                         remove_checkpoints, save_checkpoint)
 from .augment import augment
 from .config import TrainConfig
 from .data import Dataset, build_dataset, collate, epoch_indices, length_grouped_batches, tokenize
 from .loss import LOSSES
-from .output import check_checkpoint_dir, check_output_dir, write_output
+from .output import prepare_run_dirs, write_output
 from .metrics import final_metrics, predict, summarise
 from .runtime import StopRequest, hardware, log
 from .update import apply_update
@@ -171,17 +171,11 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
                    "and the model card will have no dev or test metrics. Set dev_fraction > 0 or add --eval FILE.")
         warnings.warn(message, UserWarning, stacklevel=2)
     output = Path(config.output_dir)
-    check_output_dir(output, overwrite)  # now, not after minutes of training
     ckpt_dir = config.checkpoint_path
-    check_checkpoint_dir(ckpt_dir, output)
     # whether this run owns the checkpoint directory (then removes it once empty); a resumed run inherits it
-    created_ckpt_dir = not ckpt_dir.exists()
-    if not resume and has_checkpoints(ckpt_dir):
-        if not overwrite:
-            raise CheckpointError(f"{ckpt_dir} holds checkpoints of an earlier run. Pass --resume to continue it, "
-                                  "or --overwrite to discard them and start again.")
-        created_ckpt_dir = _state_flag(ckpt_dir, "created_checkpoint_dir", default=config.checkpoint_dir is None)
-        remove_checkpoints(ckpt_dir, remove_dir=False)  # only the checkpoints: anything else there stays
+    created_ckpt_dir = prepare_run_dirs(
+        output, ckpt_dir, resume=resume, overwrite=overwrite,
+        inherited_owner=lambda: _state_flag(ckpt_dir, "created_checkpoint_dir", default=config.checkpoint_dir is None))
 
     model = build_model(config).to(device)
     tokens = tokenize_dataset(model, dataset, config)
