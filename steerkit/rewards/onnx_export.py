@@ -99,17 +99,17 @@ class _ExportWrapper(torch.nn.Module):
         self.model = model
         self.num_layers = model.config.num_layers
 
-    def forward(self, input_ids, position_ids, attention_mask, *past):
+    def _cache(self, past):
         from transformers import DynamicCache
 
         # Plain (full-attention) layers for every model: a sliding-window layer would crop inside the graph.
-        cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)])
+        return DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)])
+
+    def forward(self, input_ids, position_ids, attention_mask, *past):
+        cache = self._cache(past)
         out = self.model(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=cache, use_cache=True)
-        presents = []
-        for layer in cache.layers:
-            presents += [layer.keys, layer.values]
-        return (out.rewards, *presents)
+        return (out.rewards, *[t for layer in cache.layers for t in (layer.keys, layer.values)])
 
 
 def _probe_inputs(model: RewardModel, batch: int, new: int, past: int, seed: int = 0):
@@ -165,38 +165,15 @@ def export_onnx(model: RewardModel, out_dir: str | os.PathLike, *, source_hash: 
         raise ExportError("The reward model has no tokenizer; load it with RewardModel.from_pretrained.")
     started = time.perf_counter()
     source_hash = source_hash or model_content_hash(model)
-    L = model.config.num_layers
-    heads, head_dim = kv_shape(model)
-    names_in, names_out = input_names(L), output_names(L)
-    dynamic = _dynamic_axes(names_in, names_out, 1)
+    names_in, names_out = input_names(model.config.num_layers), output_names(model.config.num_layers)
     wrapper = _ExportWrapper(model).eval()
     tmp = _make_tmp_dir(out)
     try:
-        external = _write_graph(onnx, wrapper, model, tmp, names_in, names_out, dynamic, opset,
-                                external_data_threshold)
+        external = _write_graph(onnx, wrapper, model, tmp, names_in, names_out, _dynamic_axes(names_in, names_out, 1),
+                                opset, external_data_threshold)
         model.tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
         files = [MODEL_FILE] + ([DATA_FILE] if external else [])
-        manifest = {
-            "format": EXPORT_FORMAT,
-            "format_version": EXPORT_FORMAT_VERSION,
-            "source": {"reward_hash": source_hash, **(source or {})},
-            "reward_config": json.loads(model.config.model_dump_json()),
-            "tokenizer": {"reference": model.config.tokenizer or model.config.backbone,
-                          "fingerprint": tokenizer_fingerprint(model.tokenizer),
-                          "vocab_size": len(model.tokenizer), "directory": TOKENIZER_DIR},
-            "opset": opset,
-            "dtype": "float32",
-            "inputs": names_in,
-            "outputs": names_out,
-            "output_function": model.config.output_function,
-            "num_layers": L,
-            "num_kv_heads": heads,
-            "head_dim": head_dim,
-            "external_data": external,
-            "files": {f: {"sha256": _sha256(tmp / f), "bytes": (tmp / f).stat().st_size} for f in files},
-            "exported_with": {"torch": torch.__version__, "onnx": onnx.__version__,
-                              "steerkit": _steerkit_version(), "seconds": None},
-        }
+        manifest = _manifest(onnx, model, tmp, files, source_hash, source, opset, names_in, names_out, external)
         if check:
             _check_against_torch(tmp, wrapper, names_in, model)
         _write_manifest_and_publish(tmp, out, manifest, started)
@@ -254,6 +231,29 @@ def _write_graph(onnx, wrapper: torch.nn.Module, model, tmp: Path, names_in: lis
     shutil.rmtree(raw)
     onnx.checker.check_model(str(tmp / MODEL_FILE))
     return external
+
+
+def _manifest(onnx, model, tmp: Path, files: list[str], source_hash: str, source: dict | None, opset: int,
+              names_in: list[str], names_out: list[str], external: bool, **extra) -> dict:
+    """The export's manifest (``seconds`` set at publishing); ``extra``: ``kind`` and/or ``embeddings``."""
+    heads, head_dim = kv_shape(model)
+    return {
+        "format": EXPORT_FORMAT, "format_version": EXPORT_FORMAT_VERSION,
+        **{k: v for k, v in extra.items() if k == "kind"},
+        "source": {"reward_hash": source_hash, **(source or {})},
+        "reward_config": json.loads(model.config.model_dump_json()),
+        "tokenizer": {"reference": model.config.tokenizer or model.config.backbone,
+                      "fingerprint": tokenizer_fingerprint(model.tokenizer),
+                      "vocab_size": len(model.tokenizer), "directory": TOKENIZER_DIR},
+        "opset": opset, "dtype": "float32", "inputs": names_in, "outputs": names_out,
+        "output_function": model.config.output_function,
+        **{k: v for k, v in extra.items() if k != "kind"},
+        "num_layers": model.config.num_layers, "num_kv_heads": heads, "head_dim": head_dim,
+        "external_data": external,
+        "files": {f: {"sha256": _sha256(tmp / f), "bytes": (tmp / f).stat().st_size} for f in files},
+        "exported_with": {"torch": torch.__version__, "onnx": onnx.__version__, "steerkit": _steerkit_version(),
+                          "seconds": None},
+    }
 
 
 def _write_manifest_and_publish(tmp: Path, out: Path, manifest: dict, started: float) -> None:

@@ -23,7 +23,6 @@ drives; parity with torch is checked at export (≤ 1e-4 on probes) and tested.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
@@ -34,28 +33,20 @@ from ..errors import ExportError
 from .model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel
 from .onnx_backend import OnnxRuntime, load_export, score_from_scratch
 from .onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against_torch, _check_out_dir,
-                          _dynamic_axes, _export_into_cache, _make_tmp_dir, _require, _sha256, _steerkit_version,
-                          _write_graph, _write_manifest_and_publish, cache_entry, kv_shape, model_content_hash,
-                          reward_dir_hash)
-from .onnx_manifest import (DATA_FILE, EXPORT_FORMAT, EXPORT_FORMAT_VERSION, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR,
-                            input_names, is_export_dir, output_names, tokenizer_fingerprint, verify_export)
+                          _dynamic_axes, _export_into_cache, _ExportWrapper, _make_tmp_dir, _manifest, _require,
+                          _write_graph, _write_manifest_and_publish, cache_entry, model_content_hash, reward_dir_hash)
+from .onnx_manifest import (DATA_FILE, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR, input_names, is_export_dir,
+                            output_names, verify_export)
 from .token_model import TokenRewardModel, is_token_directory, realized_logits
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 
 
-class _TokenExportWrapper(torch.nn.Module):
+class _TokenExportWrapper(_ExportWrapper):
     """Flat-tensor signature around :meth:`TokenRewardModel.project` with a transformers DynamicCache."""
 
-    def __init__(self, model: TokenRewardModel):
-        super().__init__()
-        self.model = model
-        self.num_layers = model.config.num_layers
-
     def forward(self, input_ids, position_ids, attention_mask, *past):
-        from transformers import DynamicCache
-
-        cache = DynamicCache(ddp_cache_data=[(past[2 * i], past[2 * i + 1]) for i in range(self.num_layers)])
+        cache = self._cache(past)
         query, offset, cache = self.model.project(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                                   past_key_values=cache, use_cache=True)
         return (query, offset, *[t for layer in cache.layers for t in (layer.keys, layer.values)])
@@ -73,33 +64,18 @@ def export_token_onnx(model: TokenRewardModel, out_dir, *, source_hash: str | No
     out = _check_out_dir(out_dir, overwrite)
     started = time.perf_counter()
     source_hash = source_hash or model_content_hash(model)
-    L = model.config.num_layers
-    heads, head_dim = kv_shape(model)
-    names_in, names_out = input_names(L), output_names(L, "token")
-    dynamic = _dynamic_axes(names_in, names_out, 2)
+    names_in, names_out = input_names(model.config.num_layers), output_names(model.config.num_layers, "token")
     wrapper = _TokenExportWrapper(model).eval()
     tmp = _make_tmp_dir(out)
     try:
-        external = _write_graph(onnx, wrapper, model, tmp, names_in, names_out, dynamic, opset,
-                                external_data_threshold)
+        external = _write_graph(onnx, wrapper, model, tmp, names_in, names_out, _dynamic_axes(names_in, names_out, 2),
+                                opset, external_data_threshold)
         save_file({"embeddings": model.output_embeddings.detach().float().contiguous().cpu()},
                   str(tmp / EMBEDDINGS_FILE))
         model.tokenizer.save_pretrained(str(tmp / TOKENIZER_DIR))
         files = [MODEL_FILE] + ([DATA_FILE] if external else []) + [EMBEDDINGS_FILE]
-        manifest = {
-            "format": EXPORT_FORMAT, "format_version": EXPORT_FORMAT_VERSION, "kind": "token",
-            "source": {"reward_hash": source_hash, **(source or {})},
-            "reward_config": json.loads(model.config.model_dump_json()),
-            "tokenizer": {"reference": model.config.tokenizer or model.config.backbone,
-                          "fingerprint": tokenizer_fingerprint(model.tokenizer),
-                          "vocab_size": len(model.tokenizer), "directory": TOKENIZER_DIR},
-            "opset": opset, "dtype": "float32", "inputs": names_in, "outputs": names_out,
-            "output_function": model.config.output_function, "embeddings": EMBEDDINGS_FILE,
-            "num_layers": L, "num_kv_heads": heads, "head_dim": head_dim, "external_data": external,
-            "files": {f: {"sha256": _sha256(tmp / f), "bytes": (tmp / f).stat().st_size} for f in files},
-            "exported_with": {"torch": torch.__version__, "onnx": onnx.__version__, "steerkit": _steerkit_version(),
-                              "seconds": None},
-        }
+        manifest = _manifest(onnx, model, tmp, files, source_hash, source, opset, names_in, names_out, external,
+                             kind="token", embeddings=EMBEDDINGS_FILE)
         if check:
             _check_against_torch(tmp, wrapper, names_in, model)
         _write_manifest_and_publish(tmp, out, manifest, started)
