@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from .config import TrainConfig
-from .data import build_dataset
 from .metrics import final_metrics
 
 
@@ -23,10 +22,7 @@ def assess(config: TrainConfig, model_dir: str | Path) -> dict:
 
     set_threads(config.threads)
     device = resolve_device(config.device)
-    sources, left_out = config.split_leave_out()
-    dataset = build_dataset(sources, config.eval + left_out, config.resolved_data_root(), seed=config.seed,
-                            dev_fraction=config.dev_fraction, dev_max_per_source=config.dev_max_per_source,
-                            dedup=config.dedup)
+    dataset = config.read_dataset()
     model = RewardModel.from_pretrained(model_dir).to(device).eval()
     tokens = tokenize_dataset(model, dataset, config)
     return final_metrics(model, dataset, tokens.dev, tokens.eval_sets, config)

@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from ..models import DEFAULT_LM
 from ..rewards.model import LoraSettings, TokenHeadSettings
 from .augment import AugmentConfig
-from .data import DataSource
+from .data import DataSource, Dataset, build_dataset
 from .distill_config import DistillConfig
 
 DATA_ROOT_ENV = "STEERKIT_DATA_ROOT"
@@ -154,6 +154,14 @@ class TrainConfig(ValidatedConfig):
                                                   self.leave_out_limit or 10**9)})
                 for s in self.data if {s.display_name, s.metrics_name} & out]
         return kept, held
+
+    def read_dataset(self) -> Dataset:
+        """Read and split the data this config names: training sources less ``leave_out``, whose rows join the
+        ``eval`` sets (no augmentation: that is the trainer's, for the training split only)."""
+        sources, left_out = self.split_leave_out()
+        return build_dataset(sources, self.eval + left_out, self.resolved_data_root(), seed=self.seed,
+                             dev_fraction=self.dev_fraction, dev_max_per_source=self.dev_max_per_source,
+                             dedup=self.dedup)
 
     # -- derived values -------------------------------------------------------------------------
     def resolved_data_root(self) -> Path | None:

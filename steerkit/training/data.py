@@ -255,6 +255,11 @@ class Dataset:
     eval_sets: list[tuple[DataSource, list[Example], SourceStats]]
     removed_overlap: int = 0  # training rows dropped because they appear in an evaluation set
 
+    @property
+    def file_hashes(self) -> dict[str, str]:
+        """SHA-256 of every file read (training and evaluation), by path: what a resumed run must find unchanged."""
+        return {s.path: s.sha256 for s in self.stats + [st for _, _, st in self.eval_sets]}
+
 
 def build_dataset(sources: list[DataSource], eval_sources: list[DataSource], data_root: Path | None, *,
                   seed: int, dev_fraction: float, dev_max_per_source: int | None, dedup: bool) -> Dataset:

@@ -25,7 +25,7 @@ from ..errors import CheckpointError, ConfigError
 from ..threads import set_threads
 from .checkpoint import (clean_interrupted_writes, load_checkpoint, optimizer_from_tensors, remove_checkpoints,
                          save_checkpoint)
-from .data import build_dataset, collate, tokenize
+from .data import collate, tokenize
 from .distill_data import agreement, candidate_predictions, load_or_sample
 from .loss import LOSSES
 from .metrics import final_metrics
@@ -42,11 +42,8 @@ def train_distilled(config, *, resume: bool, overwrite: bool, progress: bool, ca
     overwrite = overwrite or config.overwrite
     set_threads(config.threads)
     device = resolve_device(config.device)
-    sources, left_out = config.split_leave_out()
-    dataset = build_dataset(sources, config.eval + left_out, config.resolved_data_root(), seed=config.seed,
-                            dev_fraction=config.dev_fraction, dev_max_per_source=config.dev_max_per_source,
-                            dedup=config.dedup)
-    data_hashes = {s.path: s.sha256 for s in dataset.stats + [st for _, _, st in dataset.eval_sets]}
+    dataset = config.read_dataset()
+    data_hashes = dataset.file_hashes
     output, ckpt_dir = Path(config.output_dir), config.checkpoint_path
     created_ckpt_dir = prepare_run_dirs(output, ckpt_dir, resume=resume, overwrite=overwrite)
 

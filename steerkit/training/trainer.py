@@ -40,7 +40,7 @@ from .checkpoint import (LATEST_NAME, STATE_NAME, clean_interrupted_writes, load
                          remove_checkpoints, save_checkpoint)
 from .augment import augment
 from .config import TrainConfig
-from .data import Dataset, build_dataset, collate, epoch_indices, length_grouped_batches, tokenize
+from .data import Dataset, collate, epoch_indices, length_grouped_batches, tokenize
 from .loss import LOSSES
 from .output import prepare_run_dirs, write_output
 from .metrics import final_metrics, predict, summarise
@@ -152,17 +152,14 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     set_threads(config.threads)  # None: steerkit's default (see steerkit.threads)
     device = resolve_device(config.device)  # a wrong --device fails before any data is read
     started = time.perf_counter()
-    data_root = config.resolved_data_root()
-    sources, left_out = config.split_leave_out()
-    dataset = build_dataset(sources, config.eval + left_out, data_root, seed=config.seed,
-                            dev_fraction=config.dev_fraction, dev_max_per_source=config.dev_max_per_source,
-                            dedup=config.dedup)
+    dataset = config.read_dataset()
+    sources = dataset.sources
     added, copies, lexicon = augment(dataset.train, [(s.display_name, s.metrics_name) for s in sources],
                                      config.augment, config.seed, [s.path for s in sources])
     dataset.train.extend(added)  # training split only: dev and test rows are never augmented
     for index, count in copies.items():
         dataset.stats[index].augmented = count
-    data_hashes = {s.path: s.sha256 for s in dataset.stats + [st for _, _, st in dataset.eval_sets]}
+    data_hashes = dataset.file_hashes
     if not dataset.dev and not dataset.eval_sets:
         # Only reachable with dev_fraction 0 (build_dataset raises when a dev split is asked for and impossible).
         # A warning, not an error: training on every row and evaluating elsewhere (`steerkit eval`) is legitimate,
