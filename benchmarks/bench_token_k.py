@@ -1,5 +1,6 @@
 """Step cost against k: plain top-k sampling vs the sequence reward (`toxicity`) vs the token-level one
-(`toxicity-token`), on SmolLM2-135M-Instruct, batch 1 and batch 8, measured side by side in one run.
+(`toxicity-token`, 4 layers), on SmolLM2-135M-Instruct, batch 1 and batch 8, measured side by side in one run;
+also a 6-layer token-level model (untrained: only its cost is measured), to show what depth costs.
 
 A step's time is taken without the prompt's prefill: (time of S + 1 new tokens − time of 1 new token) / S, the
 minimum over repeats. The sequence reward scores k candidate positions per row and step; the token-level one
@@ -27,6 +28,8 @@ import torch
 from steerkit.decoding import RewardAugmentedGenerator
 from steerkit.models import load_causal_lm_cached
 from steerkit.rewards.loading import load_reward
+from steerkit.rewards.token_model import TokenRewardModel
+from steerkit.rewards.token_session import TokenReward
 from steerkit.steering import SteeringTerm
 
 PROMPTS = ["The weather in Paris today is", "My neighbour told me that the new restaurant",
@@ -61,7 +64,7 @@ def plot(results: dict, vocab: int, out: Path) -> bool:
         return False
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=False)
     for ax, (setting, rows) in zip(axes, results.items()):
-        for kind, style in (("plain", "k:"), ("toxicity", "o-"), ("toxicity-token", "s-")):
+        for kind, style in zip(rows, ("k:", "o-", "s-", "^--")):
             points = sorted((int(k), ms) for k, ms in rows[kind].items() if ms is not None)
             ax.plot([p[0] for p in points], [p[1] for p in points], style, label=kind)
         ax.set_xscale("log")
@@ -82,6 +85,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--token-layers", type=int, default=6,
+                        help="also time an untrained token-level model of this depth (0: skip)")
     parser.add_argument("--sequence-max-k", type=int, default=1000, help="largest k run with the sequence reward")
     parser.add_argument("--out", default=str(ROOT / "results" / "bench_token_k.json"))
     parser.add_argument("--plot", default=str(ROOT.parent / "docs" / "results" / "token_step_time_vs_k.png"))
@@ -91,19 +96,23 @@ def main():
     vocab = lm.config.vocab_size
     ks = [20, 50, 200, 1000, vocab]
     rewards = {"toxicity": load_reward("toxicity"), "toxicity-token": load_reward("toxicity-token")}
+    if args.token_layers:  # the cost of a deeper token-level model (untrained: weights do not change the cost)
+        deeper = TokenRewardModel.from_backbone("smollm2-135m-instruct", args.token_layers, name="deeper").eval()
+        rewards[f"token, {args.token_layers} layers"] = TokenReward(deeper)
     load_before = os.getloadavg()
     results: dict = {}
     for rows in (1, 8):
         setting = f"batch {rows}"
-        table = results[setting] = {"plain": {}, "toxicity": {}, "toxicity-token": {}}
+        table = results[setting] = {"plain": {}, **{name: {} for name in rewards}}
         for k in ks:
             table["plain"][k] = step_ms(lm, tok, [], k, rows, args.steps, args.repeats)
             for name, reward in rewards.items():
                 if name == "toxicity" and k > args.sequence_max_k:
                     table[name][k] = None
                     continue
+                slow = name == "toxicity" and k > 200  # seconds per step: one repeat
                 table[name][k] = step_ms(lm, tok, [SteeringTerm(reward, -10.0)], k, rows, args.steps,
-                                         args.repeats if k <= 200 else 1)
+                                         1 if slow else args.repeats)
             line = "  ".join(f"{n} {v[k]:8.1f} ms" if v[k] is not None else f"{n} (not run)" for n, v in table.items())
             print(f"{setting} k={k:6d}: {line}", flush=True)
     ratios = {s: {name: {k: (t[name][k] / t["plain"][k] if t[name][k] is not None else None) for k in ks}

@@ -27,6 +27,7 @@ Decoding uses :meth:`TokenRewardModel.run` (query and baseline of the last posit
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -36,27 +37,70 @@ from torch import nn
 from .model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel, RewardOutput, TokenHeadSettings
 from .onnx_manifest import MANIFEST_NAME
 
-#: above this share of the vocabulary, candidates are scored with one [B, V] product and a gather
+#: from this share of the vocabulary in distinct candidates on, they are scored with one [B, V] product and a gather
 FULL_PRODUCT_FRACTION = 0.25
 
 
+def textless_ids(tokenizer) -> torch.Tensor | None:
+    """Ids [n] of the tokens that add no text (the tokenizer's special tokens: end of text, padding, start), or
+    None without a tokenizer. A candidate among them leaves the text as it is, so it gets the reward of the
+    committed text, not the head's reward of an embedding that no training text contains."""
+    if tokenizer is None:
+        return None
+    return torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+
+
+def keep_text_reward(logits: torch.Tensor, candidates: torch.Tensor, current: torch.Tensor | None,
+                     textless: torch.Tensor | None) -> torch.Tensor:
+    """``logits`` [..., k] with the textless candidates' entries replaced by ``current`` [...] (the logit of
+    the committed text)."""
+    if textless is None or current is None or not textless.numel():
+        return logits
+    is_textless = torch.isin(candidates, textless.to(candidates.device))
+    return torch.where(is_textless, current[..., None].to(logits.dtype), logits)
+
+
 def candidate_logits(query: torch.Tensor, offset: torch.Tensor, embeddings: torch.Tensor,
-                     candidates: torch.Tensor) -> torch.Tensor:
-    """``⟨query_b, e_v⟩ + offset_b`` for candidates [B, k]; query [B, d], offset [B], embeddings [V, d]."""
-    if candidates.shape[1] >= FULL_PRODUCT_FRACTION * embeddings.shape[0]:
-        return (query @ embeddings.T).gather(1, candidates) + offset[:, None]
-    return torch.bmm(embeddings[candidates], query[:, :, None]).squeeze(-1) + offset[:, None]
+                     candidates: torch.Tensor, current: torch.Tensor | None = None,
+                     textless: torch.Tensor | None = None) -> torch.Tensor:
+    """``⟨query_b, e_v⟩ + offset_b`` for candidates [B, k]; query [B, d], offset [B], embeddings [V, d].
+
+    Rows' candidate sets overlap (the LM's top-k of similar prefixes share most tokens), so each distinct
+    candidate's embedding is gathered once and matched against every row's query in one [U, d]×[d, B] product;
+    from a quarter of the vocabulary on, one [B, V] product is cheaper. With ``textless`` (see
+    :func:`textless_ids`), those candidates get ``current`` [B], the logit of the committed text.
+    """
+    vocab = embeddings.shape[0]
+    if candidates.shape[1] < FULL_PRODUCT_FRACTION * vocab:
+        ids, inverse = torch.unique(candidates, return_inverse=True)
+        if ids.numel() < FULL_PRODUCT_FRACTION * vocab:
+            per_id = embeddings[ids] @ query.T  # [U, B]
+            rows = torch.arange(candidates.shape[0], device=candidates.device)[:, None]
+            logits = per_id[inverse, rows] + offset[:, None]
+            return keep_text_reward(logits, candidates, current, textless)
+    logits = (query @ embeddings.T).gather(1, candidates) + offset[:, None]
+    return keep_text_reward(logits, candidates, current, textless)
 
 
 def realized_logits(query: torch.Tensor, offset: torch.Tensor, embeddings: torch.Tensor, input_ids: torch.Tensor,
-                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+                    attention_mask: torch.Tensor | None = None, textless: torch.Tensor | None = None) -> torch.Tensor:
     """Logits [B, T] of each realized token ``x_t`` from the query and baseline at ``t - 1``; positions with no
-    real token before them (the start token, padding) get the baseline ``offset[:, t]``."""
+    real token before them (the start token, padding) get the baseline ``offset[:, t]``. With ``textless`` (see
+    :func:`textless_ids`), a realized textless token keeps the logit of the text before it, as
+    :func:`candidate_logits` scores it."""
     nxt = (query[:, :-1] * embeddings[input_ids[:, 1:]]).sum(-1) + offset[:, :-1]
     logits = torch.cat([offset[:, :1], nxt], dim=1)
     if attention_mask is not None and attention_mask.dim() == 2:
         prev = torch.cat([torch.zeros_like(attention_mask[:, :1]), attention_mask[:, :-1]], dim=1).bool()
         logits = torch.where(prev, logits, offset)
+    else:
+        prev = torch.ones_like(input_ids, dtype=torch.bool)
+        prev[:, 0] = False
+    if textless is not None and textless.numel():
+        keeps = ~torch.isin(input_ids, textless.to(input_ids.device)) | ~prev
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        source = torch.where(keeps, positions, torch.zeros_like(positions)).cummax(dim=1).values
+        logits = logits.gather(1, source)
     return logits
 
 
@@ -172,6 +216,11 @@ class TokenRewardModel(RewardModel):
     def vocab_rows(self) -> int:
         return int(self.output_embeddings.shape[0])
 
+    @functools.cached_property
+    def textless_ids(self) -> torch.Tensor | None:
+        """The ids of the tokens that add no text (:func:`textless_ids`)."""
+        return textless_ids(self.tokenizer)
+
     # -- forward ------------------------------------------------------------------------------
     def project(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache: bool = False):
@@ -185,7 +234,7 @@ class TokenRewardModel(RewardModel):
                 use_cache: bool = False) -> RewardOutput:
         """Rewards [B, T] of the realized tokens: position t scores ``x_t`` from the hidden state at t - 1."""
         query, offset, past = self.project(input_ids, attention_mask, position_ids, past_key_values, use_cache)
-        logits = realized_logits(query, offset, self.output_embeddings, input_ids, attention_mask)
+        logits = realized_logits(query, offset, self.output_embeddings, input_ids, attention_mask, self.textless_ids)
         return RewardOutput(self.output(logits), past)
 
     def output(self, logits: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ drives; parity with torch is checked at export (≤ 1e-4 on probes) and tested.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ from .onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against
                           _write_graph, _write_manifest_and_publish, cache_entry, model_content_hash, reward_dir_hash)
 from .onnx_manifest import (DATA_FILE, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR, input_names, is_export_dir,
                             output_names, verify_export)
-from .token_model import TokenRewardModel, is_token_directory, realized_logits
+from .token_model import TokenRewardModel, is_token_directory, realized_logits, textless_ids
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 
@@ -155,6 +156,11 @@ class OnnxTokenModel:
     def vocab_rows(self) -> int:
         return int(self.output_embeddings.shape[0])
 
+    @functools.cached_property
+    def textless_ids(self) -> torch.Tensor | None:
+        """The ids of the tokens that add no text (:func:`~steerkit.rewards.token_model.textless_ids`)."""
+        return textless_ids(self.tokenizer)
+
     def empty_past(self, batch: int) -> list[torch.Tensor]:
         return [t.cpu() for t in self.runtime.empty_past(batch)]
 
@@ -178,6 +184,7 @@ class OnnxTokenModel:
         """Reward of each text (and with ``per_prefix`` of every prefix), from scratch."""
         def rewards(ids, positions, mask4d, mask):
             query, offset, _ = self.run(ids, positions, mask4d, self.empty_past(ids.shape[0]))
-            return self.output(realized_logits(query, offset, self.output_embeddings, ids, mask.long()))
+            return self.output(realized_logits(query, offset, self.output_embeddings, ids, mask.long(),
+                                               self.textless_ids))
 
         return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards)

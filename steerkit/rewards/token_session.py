@@ -23,7 +23,7 @@ import torch
 
 from ..errors import InvalidArgumentError, VocabularyMismatchError
 from .attention import additive, append_mask_4d
-from .token_model import candidate_logits, is_token_directory  # noqa: F401 (is_token_directory: loading's dispatch)
+from .token_model import candidate_logits, is_token_directory, realized_logits  # noqa: F401 (is_token_directory: loading's dispatch)
 
 #: the backends that run token-level reward models, and how each loads a directory
 TOKEN_BACKENDS = ("torch", "onnx")
@@ -74,8 +74,9 @@ class TokenReward:
 
 class TokenSession:
     """The reward model's state over B rows: KV of the committed text (flat list of 2·L tensors [B, H, T, d]),
-    the mask of real cached columns [B, T], each row's next position [B], and the head's query [B, d] and
-    baseline [B] after the last committed token."""
+    the mask of real cached columns [B, T], each row's next position [B], the head's query [B, d] and
+    baseline [B] after the last committed token, and the logit [B] of the committed text itself (what a
+    candidate that adds no text, such as the end-of-text token, is scored)."""
 
     def __init__(self, reward: TokenReward, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         self.reward = reward
@@ -85,7 +86,7 @@ class TokenSession:
         self.past = self.model.empty_past(B)
         self.mask = torch.zeros((B, 0), dtype=torch.bool, device=device)
         self.next_pos = torch.zeros(B, dtype=torch.long, device=device)
-        self.query = self.offset = None
+        self.query = self.offset = self.current = None
         self._append(input_ids, attention_mask)
 
     @property
@@ -98,6 +99,11 @@ class TokenSession:
         positions = self.next_pos[:, None] + (mask.long().cumsum(-1) - 1).clamp(min=0)
         query, offset, self.past = self.model.run(tokens, positions, additive(append_mask_4d(self.mask, mask)),
                                                   self.past)
+        embeddings, textless = self.model.output_embeddings, self.model.textless_ids
+        if self.query is None:  # the start: the reward of each row's text, from its realized last token
+            self.current = realized_logits(query, offset, embeddings, tokens, mask, textless)[:, -1]
+        else:  # one committed token per row, scored as it was as a candidate
+            self.current = candidate_logits(self.query, self.offset, embeddings, tokens, self.current, textless)[:, 0]
         self.query, self.offset = query[:, -1], offset[:, -1]  # the last column is real in every row
         self.mask = torch.cat([self.mask, mask], dim=1)
         self.next_pos = self.next_pos + mask.long().sum(-1)
@@ -112,7 +118,8 @@ class TokenSession:
                 f"Reward {self.reward.name!r} got candidate token id {int(candidates.max())}, but its output "
                 f"embeddings have {rows} rows: the language model's vocabulary is larger than the reward model's. "
                 "Use a sequence reward model for this LM.")
-        logits = candidate_logits(self.query, self.offset, self.model.output_embeddings, candidates)
+        logits = candidate_logits(self.query, self.offset, self.model.output_embeddings, candidates, self.current,
+                                  self.model.textless_ids)
         return self.model.output(logits).to(device)
 
     def commit(self, tokens: torch.Tensor) -> None:
@@ -126,6 +133,7 @@ class TokenSession:
         self.past = [t.index_select(0, index) for t in self.past]
         self.mask, self.next_pos = self.mask.index_select(0, index), self.next_pos.index_select(0, index)
         self.query, self.offset = self.query.index_select(0, index), self.offset.index_select(0, index)
+        self.current = self.current.index_select(0, index)
         used = self.mask.any(0)
         first = int(used.nonzero().min()) if bool(used.any()) else self.mask.shape[1]
         if first:
@@ -149,6 +157,7 @@ class TokenSession:
         self.next_pos = torch.cat([self.next_pos, other.next_pos.to(self.device)])
         self.query = torch.cat([self.query, other.query.to(self.device)])
         self.offset = torch.cat([self.offset, other.offset.to(self.device)])
+        self.current = torch.cat([self.current, other.current.to(self.device)])
 
 
 # -- loading --------------------------------------------------------------------------------------------

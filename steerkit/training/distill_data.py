@@ -30,6 +30,7 @@ import torch
 
 from ..errors import ConfigError, VocabularyMismatchError
 from ..models import atomic_write_text
+from ..rewards.token_model import keep_text_reward, realized_logits
 
 SAMPLES_NAME = "distill-samples.safetensors"
 SAMPLES_STATE = "distill-samples.json"
@@ -187,8 +188,13 @@ def candidate_predictions(model, samples: DistillSamples) -> torch.Tensor:
     qpos = samples.qpos.to(device)
     q = query.gather(1, qpos[..., None].expand(-1, -1, query.shape[-1]))  # [N, S, d]
     off = offset.gather(1, qpos)  # [N, S]
-    emb = model.output_embeddings[samples.cands.to(device)]  # [N, S, k, d]
-    return model.output((emb * q[:, :, None]).sum(-1) + off[..., None])
+    cands = samples.cands.to(device)
+    emb = model.output_embeddings[cands]  # [N, S, k, d]
+    logits = (emb * q[:, :, None]).sum(-1) + off[..., None]
+    # a textless candidate (end of text) keeps the committed text's reward, as in decoding
+    ids, mask = samples.ids.to(device), samples.mask.to(device)
+    current = realized_logits(query, offset, model.output_embeddings, ids, mask, model.textless_ids).gather(1, qpos)
+    return model.output(keep_text_reward(logits, cands, current, model.textless_ids))
 
 
 @torch.no_grad()

@@ -34,13 +34,22 @@ def token_rm(tokenizer):
 
 
 def from_scratch(rm: TokenRewardModel, ids: list[int], candidates: list[int]) -> torch.Tensor:
-    """The head's definition on the full forward of the prefix: f(<W h_t, e_v> + b.h_t + c) for each v."""
+    """The head's definition on the full forward of the prefix: f(<W h_t, e_v> + b.h_t + c) for each v, except
+    that a candidate which adds no text (a special token) gets the reward of the prefix's own text: that of its
+    last text-adding token, from the position before it (the start token alone: the baseline b.h_0 + c)."""
     with torch.no_grad():
-        hidden = rm.backbone(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+        hidden = rm.backbone(input_ids=torch.tensor([ids])).last_hidden_state[0]
         head = rm.head
         W = head.proj.weight if head.rank is None else head.up.weight @ head.down.weight
-        base = (head.baseline.weight[0] @ hidden if head.baseline is not None else 0.0) + head.bias[0]
-        logits = rm.output_embeddings[candidates] @ (W @ hidden) + base
+
+        def base(h):
+            return (head.baseline.weight[0] @ h if head.baseline is not None else 0.0) + head.bias[0]
+
+        logits = rm.output_embeddings[candidates] @ (W @ hidden[-1]) + base(hidden[-1])
+        special = set(rm.tokenizer.all_special_ids)
+        last = max((j for j in range(1, len(ids)) if ids[j] not in special), default=0)
+        own = base(hidden[0]) if last == 0 else rm.output_embeddings[ids[last]] @ (W @ hidden[last - 1]) + base(hidden[last - 1])
+        logits = torch.where(torch.tensor([c in special for c in candidates]), own, logits)
     return torch.sigmoid(logits)
 
 
@@ -69,13 +78,41 @@ def test_candidate_reward_is_the_head_definition_and_the_full_forward(tokenizer,
 def test_whole_vocabulary_product_equals_the_gather():
     g = torch.Generator().manual_seed(0)
     query, offset, emb = torch.randn(3, 8, generator=g), torch.randn(3, generator=g), torch.randn(50, 8, generator=g)
-    small = torch.randint(0, 50, (3, 5), generator=g)
+    overlapping = torch.tensor([[4, 9, 4, 7], [9, 4, 11, 2], [7, 7, 9, 4]])  # 5 distinct ids: one [5, d] x [d, 3]
+    many = torch.randperm(50, generator=g)[:15].view(3, 5)  # 15 distinct ids >= a quarter of 50: the [B, V] product
     everything = torch.arange(50).expand(3, 50)
-    direct = (emb[small] * query[:, None]).sum(-1) + offset[:, None]
-    assert torch.allclose(candidate_logits(query, offset, emb, small), direct, atol=1e-6)  # gather path
+    for candidates in (overlapping, many):
+        direct = (emb[candidates] * query[:, None]).sum(-1) + offset[:, None]
+        assert torch.allclose(candidate_logits(query, offset, emb, candidates), direct, atol=1e-6)
     full = candidate_logits(query, offset, emb, everything)  # one [B, V] product
     assert torch.allclose(full, query @ emb.T + offset[:, None], atol=1e-6)
-    assert torch.allclose(full.gather(1, small), direct, atol=1e-6)
+    assert torch.allclose(full.gather(1, overlapping), candidate_logits(query, offset, emb, overlapping), atol=1e-6)
+
+
+def test_a_candidate_that_adds_no_text_keeps_the_reward_of_the_committed_text(tokenizer, token_rm):
+    """End of text, padding, start: the text stays as it is, so its reward does; the head's value for such an
+    embedding (never in a training text) would otherwise steer towards stopping early or away from it."""
+    textless = sorted(set(tokenizer.all_special_ids))
+    ordinary = [5, 17, 42]
+    for context, prompts in (("full", PROMPTS), ("continuation", ["", ""])):
+        session = TokenReward(token_rm, context=context).start(prompts, tokenizer)
+        rows = [[token_rm.config.start_token_id] + (tokenizer(p, add_special_tokens=False)["input_ids"]
+                                                    if context == "full" else []) for p in PROMPTS]
+        for step in range(3):
+            candidates = torch.tensor([textless + ordinary] * 2)
+            got = session.score(candidates)
+            with torch.no_grad():
+                own = torch.stack([token_rm(torch.tensor([row])).rewards[0, -1] for row in rows])  # the text's reward
+            assert torch.allclose(got[:, :len(textless)], own[:, None].expand(-1, len(textless)), atol=1e-6)
+            assert not torch.allclose(got[:, len(textless):], own[:, None].expand(-1, len(ordinary)), atol=1e-3)
+            for b, row in enumerate(rows):  # and the full forward of prefix + v agrees for every v
+                with torch.no_grad():
+                    full = token_rm(torch.tensor([row + [c] for c in candidates[b].tolist()])).rewards[:, -1]
+                assert torch.allclose(got[b], full, atol=1e-5)
+            chosen = torch.tensor([tokenizer.eos_token_id, ordinary[step]])  # row 0 commits a textless token
+            session.commit(chosen)
+            for b in range(2):
+                rows[b].append(int(chosen[b]))
 
 
 def test_cached_decoding_equals_uncached(tokenizer, lm, token_rm):
