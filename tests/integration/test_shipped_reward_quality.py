@@ -1,4 +1,5 @@
-"""The shipped `toxicity` and `sentiment` reward models hold their model cards' claims.
+"""The shipped `toxicity` and `sentiment` reward models, and their token-level variants, hold their model cards'
+claims.
 
 * The hand-written functional cases (tests/functional/*.jsonl: implicit derogation, negated positives, spelling
   variants, counter-speech; lower-cased tokenized vs normally cased reviews, negation) are scored per category
@@ -38,6 +39,24 @@ FLOORS = {
         "lowercased tokenized, positive": 11 / 12, "lowercased tokenized, negative": 10 / 12,
         "normal casing, positive": 11 / 12, "normal casing, negative": 10 / 12, "negation": 6 / 12,
     },
+    # token-level, 0.2.0 data recipe: measured 1/12, 0/12, 12/12, 9/12, 12/12, 12/12, 12/12
+    "toxicity-token": {
+        "implicit derogation": 0.0, "negated positive": 0.0, "spelling variants": 11 / 12, "counter-speech": 8 / 12,
+        "neutral identity": 11 / 12, "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
+    },
+    # token-level, 1600 steps: measured 12/12, 11/12, 12/12, 10/12 and 9/12
+    "sentiment-token": {
+        "lowercased tokenized, positive": 11 / 12, "lowercased tokenized, negative": 10 / 12,
+        "normal casing, positive": 11 / 12, "normal casing, negative": 9 / 12, "negation": 8 / 12,
+    },
+}
+
+# name -> (plugin directory, package, model directory, training config)
+SHIPPED = {
+    "toxicity": ("steerkit-toxicity", "steerkit_toxicity", "model", "train.yaml"),
+    "sentiment": ("steerkit-sentiment", "steerkit_sentiment", "model", "train.yaml"),
+    "toxicity-token": ("steerkit-toxicity", "steerkit_toxicity", "model_token", "train_token.yaml"),
+    "sentiment-token": ("steerkit-sentiment", "steerkit_sentiment", "model_token", "train_token.yaml"),
 }
 
 
@@ -56,17 +75,17 @@ def _per_category(model, path: Path) -> dict[str, float]:
     return {c: sum(v) / len(v) for c, v in hits.items()}
 
 
-@pytest.mark.parametrize("name", ["toxicity", "sentiment"])
+@pytest.mark.parametrize("name", list(FLOORS))
 def test_functional_cases_per_category(name):
-    measured = _per_category(_load(name), FUNCTIONAL / f"{name}.jsonl")
+    measured = _per_category(_load(name), FUNCTIONAL / f"{name.removesuffix('-token')}.jsonl")
     assert set(measured) == set(FLOORS[name])
     below = {c: (round(v, 3), FLOORS[name][c]) for c, v in measured.items() if v < FLOORS[name][c]}
     assert not below, f"{name}: categories below their floor (measured, floor): {below}"
 
 
 def _card_metrics(name: str) -> dict:
-    package = {"toxicity": "steerkit_toxicity", "sentiment": "steerkit_sentiment"}[name]
-    return json.loads((ROOT / "plugins" / f"steerkit-{name}" / package / "model" / "metrics.json").read_text())
+    plugin, package, model, _ = SHIPPED[name]
+    return json.loads((ROOT / "plugins" / plugin / package / model / "metrics.json").read_text())
 
 
 @pytest.mark.slow
@@ -74,12 +93,15 @@ def _card_metrics(name: str) -> dict:
 @pytest.mark.parametrize("name, eval_set, metric, target", [
     ("toxicity", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),
     ("sentiment", "SST-2 test", "accuracy", 0.87),
+    ("toxicity-token", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.96),  # 4 layers; measured 0.967
+    ("sentiment-token", "SST-2 test", "accuracy", 0.81),  # 4 layers, 1600 steps; measured 0.821
 ])
 def test_card_headline_figures_recompute(name, eval_set, metric, target):
     from steerkit.training.assess import assess
     from steerkit.training.config import TrainConfig
 
-    config = TrainConfig.from_file(ROOT / "plugins" / f"steerkit-{name}" / "train.yaml")
+    plugin, _, _, train_config = SHIPPED[name]
+    config = TrainConfig.from_file(ROOT / "plugins" / plugin / train_config)
     config = config.model_copy(update={"eval": [s for s in config.eval if s.metrics_name == eval_set],
                                        "dev_fraction": 0.0})
     measured = assess(config, config.output_dir)["eval"][eval_set][metric]
