@@ -16,6 +16,7 @@ from ..registry import get_registry
 from .backends import DEFAULT_BACKEND, check_backend, get_backend
 from .base import Reward
 from .model import CONFIG_NAME
+from .onnx_manifest import MANIFEST_NAME
 from .scorer import RewardModelScorer
 from .token_session import is_token_directory, load_token_reward
 
@@ -32,9 +33,22 @@ def load_reward(reference: str, *, backend: str = DEFAULT_BACKEND, context: str 
     if context not in CONTEXTS:
         raise InvalidArgumentError(f"Unknown reward context {context!r}; use one of: {', '.join(CONTEXTS)}.")
     path = Path(reference).expanduser()
-    if path.is_dir() or (path.exists() and path.name == CONFIG_NAME) or "/" in reference or reference.startswith("."):
+    explicit_path = "/" in reference or reference.startswith(".")
+    if path.is_dir() and not explicit_path and not holds_a_model(path) and _is_registered(reference):
+        # a bare registered name that is also an unrelated folder in the working directory: the name wins
+        return get_reward(reference, backend=backend, context=context)
+    if path.is_dir() or (path.exists() and path.name == CONFIG_NAME) or explicit_path:
         return load_directory(path.parent if path.name == CONFIG_NAME else path, backend=backend, context=context)
     return get_reward(reference, backend=backend, context=context)
+
+
+def holds_a_model(directory: Path) -> bool:
+    """True for a reward-model directory or an export (a config or a manifest in it)."""
+    return (directory / CONFIG_NAME).is_file() or (directory / MANIFEST_NAME).is_file()
+
+
+def _is_registered(name: str) -> bool:
+    return name in get_registry().entries["reward"] or name in get_registry().conflicts["reward"]
 
 
 def load_directory(directory: Path, *, backend: str = DEFAULT_BACKEND, context: str = "continuation",

@@ -133,3 +133,36 @@ def test_reward_directory_corrupt_weights(saved_reward):
     (saved_reward / "head.safetensors").write_bytes(b"garbage")
     with pytest.raises(steerkit.RewardModelFormatError, match="Corrupt"):
         RewardModel.from_pretrained(saved_reward)
+
+
+def test_a_registered_name_wins_over_an_unrelated_folder_of_that_name(tmp_path, monkeypatch, saved_reward):
+    """`reward: toxicity` run from a folder that holds results in `toxicity/` means the registered reward; a path
+    written as a path (`./toxicity`) still means the folder, and a folder holding a reward model still wins."""
+    from steerkit import registry
+
+    class Named:
+        name, kind = "named-here", "sequence"
+
+        def start(self, prefixes, lm_tokenizer):
+            raise NotImplementedError
+
+    class Plugin:
+        @registry.hookimpl
+        def register_reward_models(self, register):
+            register("named-here", lambda **kw: Named(), description="test")
+
+    registry.register_plugin(Plugin(), name="test-name-vs-folder")
+    try:
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "named-here").mkdir()
+        (tmp_path / "named-here" / "report.md").write_text("results, not a model")
+        assert isinstance(steerkit.load_reward("named-here"), Named)
+        with pytest.raises(steerkit.RewardModelFormatError, match="reward_config.json"):
+            steerkit.load_reward("./named-here")
+        import shutil
+
+        shutil.rmtree(tmp_path / "named-here")
+        shutil.copytree(saved_reward, tmp_path / "named-here")
+        assert isinstance(steerkit.load_reward("named-here"), RewardModelScorer)  # a folder with a model: the model
+    finally:
+        registry.unregister_plugin("test-name-vs-folder")
