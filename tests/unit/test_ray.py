@@ -260,7 +260,14 @@ def test_missing_resources_and_unreachable_addresses_are_typed_errors(cluster, m
         ray.init(address=cluster, log_to_driver=False)
 
 
-def test_ctrl_c_on_the_driver_leaves_a_resumable_file(cluster, models, reference, tmp_path):
+def test_ctrl_c_on_the_driver_leaves_a_resumable_file(cluster, models, tmp_path):
+    # 200 prompts, so that the run is still going when the signal arrives (10 tiny prompts can all be written
+    # between the check for the second record and the signal, and the driver then exits 0)
+    many = tmp_path / "many_prompts.jsonl"
+    many.write_text("".join(json.dumps({"prompt": {"text": f"{t} {i}"}}) + "\n" for i in range(20) for t in PROMPTS))
+    models = {**models, "prompts": many}
+    BatchJob(settings(models), many, tmp_path / "reference.jsonl").run()
+    reference = (tmp_path / "reference.jsonl").read_bytes()
     out = tmp_path / "sigint.jsonl"
     env = {**os.environ, **RAY_ENV}
     args = [sys.executable, "-m", "steerkit", *cli_args(models, out, "--ray", cluster, "--actors", "2")]
@@ -278,4 +285,4 @@ def test_ctrl_c_on_the_driver_leaves_a_resumable_file(cluster, models, reference
     assert proc.returncode == 130 and "rerun the same command to resume" in err, err
     done = out.read_text().count("\n")
     assert run_cli(cli_args(models, out)) == 0  # the same command without --ray resumes it too
-    assert out.read_bytes() == reference and done >= 2
+    assert out.read_bytes() == reference and 2 <= done < 200

@@ -54,6 +54,11 @@ def test_label_training_writes_a_token_reward_with_card(workspace):
     assert result.metrics["dev"]["all"]["auroc"] > 0.5  # learnable set: the realized-token loss fits it
     card = (result.output_dir / "README.md").read_text(encoding="utf-8")
     assert "token-level head" in card and "e_v the frozen output embeddings" in card
+    from steerkit.training.assess import assess  # `steerkit train --assess` measures a token model as training did
+
+    measured = assess(config(workspace, "labels", steps=30), result.output_dir)
+    assert measured["dev"]["all"]["n"] == result.metrics["dev"]["all"]["n"]
+    assert measured["dev"]["all"]["mse"] == pytest.approx(result.metrics["dev"]["all"]["mse"], abs=1e-6)
 
 
 def test_distillation_fits_the_teacher_and_resumes_to_the_same_weights(workspace):
