@@ -8,7 +8,7 @@ the LM's top-k next tokens with each pair (`sentiment` / `sentiment-token`, `tox
 the candidates and the mean within-step Pearson r between the two.
 
     python benchmarks/token_candidate_spread.py --run docs/results/sentiment_token
-    python benchmarks/token_candidate_spread.py --pair toxicity,runs/toxicity-token-distilled
+    python benchmarks/token_candidate_spread.py --pair toxicity,toxicity-token-distilled
 
 Writes benchmarks/results/token_candidate_spread.json.
 """

@@ -44,6 +44,12 @@ FLOORS = {
         "implicit derogation": 0.0, "negated positive": 0.0, "spelling variants": 11 / 12, "counter-speech": 8 / 12,
         "neutral identity": 11 / 12, "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
     },
+    # token-level, distilled from `toxicity` (a steering reward, weaker on text): measured 0/12, 0/12, 12/12, 3/12,
+    # 11/12, 12/12, 12/12
+    "toxicity-token-distilled": {
+        "implicit derogation": 0.0, "negated positive": 0.0, "spelling variants": 11 / 12, "counter-speech": 2 / 12,
+        "neutral identity": 10 / 12, "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
+    },
     # token-level, 1600 steps: measured 12/12, 11/12, 12/12, 10/12 and 9/12
     "sentiment-token": {
         "lowercased tokenized, positive": 11 / 12, "lowercased tokenized, negative": 10 / 12,
@@ -57,6 +63,8 @@ SHIPPED = {
     "sentiment": ("steerkit-sentiment", "steerkit_sentiment", "model", "train.yaml"),
     "toxicity-token": ("steerkit-toxicity", "steerkit_toxicity", "model_token", "train_token.yaml"),
     "sentiment-token": ("steerkit-sentiment", "steerkit_sentiment", "model_token", "train_token.yaml"),
+    "toxicity-token-distilled": ("steerkit-toxicity", "steerkit_toxicity", "model_token_distilled",
+                                 "train_token_distill.yaml"),
 }
 
 
@@ -77,7 +85,7 @@ def _per_category(model, path: Path) -> dict[str, float]:
 
 @pytest.mark.parametrize("name", list(FLOORS))
 def test_functional_cases_per_category(name):
-    measured = _per_category(_load(name), FUNCTIONAL / f"{name.removesuffix('-token')}.jsonl")
+    measured = _per_category(_load(name), FUNCTIONAL / f"{name.split('-')[0]}.jsonl")
     assert set(measured) == set(FLOORS[name])
     below = {c: (round(v, 3), FLOORS[name][c]) for c, v in measured.items() if v < FLOORS[name][c]}
     assert not below, f"{name}: categories below their floor (measured, floor): {below}"
@@ -95,6 +103,7 @@ def _card_metrics(name: str) -> dict:
     ("sentiment", "SST-2 test", "accuracy", 0.87),
     ("toxicity-token", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.96),  # 4 layers; measured 0.967
     ("sentiment-token", "SST-2 test", "accuracy", 0.81),  # 4 layers, 1600 steps; measured 0.821
+    ("toxicity-token-distilled", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.93),  # measured 0.936
 ])
 def test_card_headline_figures_recompute(name, eval_set, metric, target):
     from steerkit.training.assess import assess

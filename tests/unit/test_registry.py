@@ -283,8 +283,9 @@ def test_shipped_reward_plugins_register_through_entry_points(name):
     assert [ep.value for ep in dist.entry_points if ep.group == "steerkit"] == [f"steerkit_{name}"]
     registry.reset()
     info = plugin(name)
-    # the sequence reward and its token-level variant (kind: token, issue 13)
-    assert info.loaded and info.rewards == [name, f"{name}-token"] and info.distribution == f"steerkit-{name}"
+    # the sequence reward and its token-level variants (kind: token, issue 13; toxicity also ships the distilled one)
+    token_variants = [f"{name}-token"] + ([f"{name}-token-distilled"] if name == "toxicity" else [])
+    assert info.loaded and info.rewards == [name, *token_variants] and info.distribution == f"steerkit-{name}"
     module = __import__(f"steerkit_{name}")
     if not (module.MODEL_DIR / "reward_config.json").is_file():
         with pytest.raises(PluginError, match="model files are missing"):

@@ -20,6 +20,10 @@ MODEL_DIR = Path(__file__).resolve().parent / "model"
 #: SmolLM2 tokenizer family only (train_token.yaml)
 TOKEN_NAME = "toxicity-token"
 TOKEN_MODEL_DIR = Path(__file__).resolve().parent / "model_token"
+#: the same student distilled from ``toxicity``'s rewards of sampled top-k candidates (train_token_distill.yaml):
+#: steers like ``toxicity`` at the same beta and fluency, a weaker classifier of human text (docs/results.md)
+DISTILLED_NAME = "toxicity-token-distilled"
+DISTILLED_MODEL_DIR = Path(__file__).resolve().parent / "model_token_distilled"
 
 
 @hookimpl
@@ -28,3 +32,5 @@ def register_reward_models(register):
              description=describe_reward_model(MODEL_DIR, ATTRIBUTE))
     register(TOKEN_NAME, reward_model_factory(TOKEN_MODEL_DIR, name=TOKEN_NAME, package="steerkit-toxicity"),
              description=describe_reward_model(TOKEN_MODEL_DIR, ATTRIBUTE))
+    register(DISTILLED_NAME, reward_model_factory(DISTILLED_MODEL_DIR, name=DISTILLED_NAME, package="steerkit-toxicity"),
+             description=describe_reward_model(DISTILLED_MODEL_DIR, ATTRIBUTE))
