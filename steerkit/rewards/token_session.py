@@ -87,6 +87,8 @@ class TokenSession:
         self.mask = torch.zeros((B, 0), dtype=torch.bool, device=device)
         self.next_pos = torch.zeros(B, dtype=torch.long, device=device)
         self.query = self.offset = self.current = None
+        textless = self.model.textless_ids  # moved to the model's device once, not every step
+        self.textless = None if textless is None else textless.to(device)
         self._append(input_ids, attention_mask)
 
     @property
@@ -99,7 +101,7 @@ class TokenSession:
         positions = self.next_pos[:, None] + (mask.long().cumsum(-1) - 1).clamp(min=0)
         query, offset, self.past = self.model.run(tokens, positions, additive(append_mask_4d(self.mask, mask)),
                                                   self.past)
-        embeddings, textless = self.model.output_embeddings, self.model.textless_ids
+        embeddings, textless = self.model.output_embeddings, self.textless
         if self.query is None:  # the start: the reward of each row's text, from its realized last token
             self.current = realized_logits(query, offset, embeddings, tokens, mask, textless)[:, -1]
         else:  # one committed token per row, scored as it was as a candidate
@@ -119,7 +121,7 @@ class TokenSession:
                 f"embeddings have {rows} rows: the language model's vocabulary is larger than the reward model's. "
                 "Use a sequence reward model for this LM.")
         logits = candidate_logits(self.query, self.offset, self.model.output_embeddings, candidates, self.current,
-                                  self.model.textless_ids)
+                                  self.textless)
         return self.model.output(logits).to(device)
 
     def commit(self, tokens: torch.Tensor) -> None:
