@@ -65,20 +65,24 @@ def candidate_logits(query: torch.Tensor, offset: torch.Tensor, embeddings: torc
                      textless: torch.Tensor | None = None) -> torch.Tensor:
     """``⟨query_b, e_v⟩ + offset_b`` for candidates [B, k]; query [B, d], offset [B], embeddings [V, d].
 
-    Rows' candidate sets overlap (the LM's top-k of similar prefixes share most tokens), so each distinct
-    candidate's embedding is gathered once and matched against every row's query in one [U, d]×[d, B] product;
-    from a quarter of the vocabulary on, one [B, V] product is cheaper. With ``textless`` (see
-    :func:`textless_ids`), those candidates get ``current`` [B], the logit of the committed text.
+    Rows' candidate sets overlap (the LM's top-k of similar prefixes share most tokens), so on the CPU each distinct
+    candidate's embedding is gathered once and matched against every row's query in one [U, d]×[d, B] product
+    (half the memory traffic of a per-row gather at batch 8, k = 1000). On an accelerator the per-row gather is
+    kept: ``torch.unique``'s data-dependent size would stall the decoding loop on a host sync every step. From a
+    quarter of the vocabulary on, one [B, V] product is cheaper. With ``textless`` (see :func:`textless_ids`),
+    those candidates get ``current`` [B], the logit of the committed text.
     """
-    vocab = embeddings.shape[0]
-    if candidates.shape[1] < FULL_PRODUCT_FRACTION * vocab:
+    full = FULL_PRODUCT_FRACTION * embeddings.shape[0]
+    if candidates.shape[1] >= full:
+        logits = None
+    elif candidates.device.type != "cpu":
+        logits = torch.bmm(embeddings[candidates], query[:, :, None]).squeeze(-1) + offset[:, None]
+    else:
         ids, inverse = torch.unique(candidates, return_inverse=True)
-        if ids.numel() < FULL_PRODUCT_FRACTION * vocab:
-            per_id = embeddings[ids] @ query.T  # [U, B]
-            rows = torch.arange(candidates.shape[0], device=candidates.device)[:, None]
-            logits = per_id[inverse, rows] + offset[:, None]
-            return keep_text_reward(logits, candidates, current, textless)
-    logits = (query @ embeddings.T).gather(1, candidates) + offset[:, None]
+        rows = torch.arange(candidates.shape[0], device=candidates.device)[:, None]
+        logits = (embeddings[ids] @ query.T)[inverse, rows] + offset[:, None] if ids.numel() < full else None
+    if logits is None:  # one [B, V] product and a gather
+        logits = (query @ embeddings.T).gather(1, candidates) + offset[:, None]
     return keep_text_reward(logits, candidates, current, textless)
 
 
