@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from .errors import InvalidArgumentError, PromptTooLongError
+from .hf_compat import cache_kwargs
 from .models import context_length
 from .steering import (
     SteeringTerm, check_terms, check_unicode, reweight, validate_int, validate_k, validate_seed, validate_stop_strings,
@@ -215,7 +216,7 @@ class RewardAugmentedGenerator:
         cache = DynamicCache(config=self.model.config)
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **cache_kwargs(self.model, cache))
         finished = torch.zeros(B, dtype=torch.bool, device=device)
         eos_t = torch.tensor(eos or [-1], device=device)
         pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
@@ -246,7 +247,7 @@ class RewardAugmentedGenerator:
             mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
             positions = positions[:, -1:] + 1
             out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
-                             past_key_values=cache, use_cache=True)
+                             use_cache=True, **cache_kwargs(self.model, cache))
         seq = torch.stack(generated, 1).cpu()
         texts, counts = self._decode(seq, eos, stop_strings)
         return texts, seq, counts, trace

@@ -59,6 +59,12 @@ class UnsafeModelError(SteerkitError):
     """Loading a model would execute code shipped with it (``trust_remote_code``); steerkit never does that."""
 
 
+class ForeignDistributionError(SteerkitError):
+    """The ``steerkit`` import package is shared with another distribution: the unrelated PyPI project named
+    ``steerkit`` (this project is distributed as ``steerkit-rad``) or any other package that ships files inside it.
+    The message names it and how to remove it (``pip uninstall steerkit``, then reinstall ``steerkit-rad``)."""
+
+
 class PluginConflictError(PluginError):
     """Two installed packages register the same reward or scorer name; the message names both and how to pick."""
 
@@ -96,7 +102,7 @@ class ClusterError(SteerkitError):
 
 
 class RayNotInstalledError(ClusterError, ImportError):
-    """``--ray`` was given but the ``ray`` package is missing: ``pip install "steerkit[ray]"``."""
+    """``--ray`` was given but the ``ray`` package is missing: ``pip install "steerkit-rad[ray]"``."""
 
 
 class ClusterUnreachableError(ClusterError, ConnectionError):

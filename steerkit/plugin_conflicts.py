@@ -212,12 +212,12 @@ class ConflictResolution:
         if by_plugin:
             return by_plugin
         return [r for r in providers if (info := self.plugins.get(r.plugin)) is not None
-                and info.distribution and norm(info.distribution) == key]
+                and key in _distribution_keys(info)]
 
     def _absent(self, ref: str, kind: str, name: str) -> str:
         """Why plugin ``ref`` does not provide ``kind name``."""
         key = norm(ref)
-        infos = [p for p in self.plugins.values() if norm(p.name) == key or norm(p.distribution or "") == key]
+        infos = [p for p in self.plugins.values() if norm(p.name) == key or key in _distribution_keys(p)]
         if not infos:
             blocked = [n for n, d in self.blocked.items() if norm(n) == key or norm(d) == key]
             if blocked:
@@ -265,4 +265,11 @@ def parse_preferences(prefer: str | dict[str, str] | None) -> tuple[dict[str, st
 
 def norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name.strip()).lower()
+
+
+def _distribution_keys(info) -> set[str]:
+    """The distribution names that select ``info``'s registrations: its own, and for steerkit's built-in plugins
+    (distribution ``steerkit-rad``) the import package's name too, so ``steerkit:vader`` keeps working."""
+    keys = {norm(info.distribution)} if info.distribution else set()
+    return (keys | {"steerkit"}) if info.source == "builtin" else keys
 

@@ -15,6 +15,8 @@ registered; it builds nothing (rewards are built by :mod:`steerkit.rewards.loadi
 Loading is lazy (the first lookup loads every plugin) and isolated: a plugin that fails to import,
 implements a misspelled hook (caught by pluggy's ``check_pending``) or raises inside its hook is
 recorded with its error, skipped, and reported by ``steerkit plugins``; every other plugin still works.
+Before loading any installed plugin the registry refuses a ``steerkit`` package shared with another
+distribution, such as the unrelated PyPI project ``steerkit`` (:func:`steerkit.provenance.check_distribution`).
 
 ``STEERKIT_PLUGINS=a,b`` loads only the named plugins (entry-point or distribution names);
 ``STEERKIT_PLUGINS=`` (set but empty) loads none.
@@ -43,6 +45,7 @@ from .hookspecs import (  # noqa: F401 - GROUP, hookspec, hookimpl and HookSpecs
     ENV_ALLOWLIST, ENV_PREFER, GROUP, KINDS, HookSpecs, Registration, describe_error, hookimpl, hookspec,
 )
 from .plugin_conflicts import NAME, Conflict, ConflictResolution, norm, parse_preferences
+from .provenance import DISTRIBUTION, check_distribution
 
 #: Modules inside steerkit registered as plugins on the same path as installed packages.
 BUILTIN_PLUGINS: tuple[str, ...] = ("steerkit.evaluation.builtin_scorers", "steerkit.rewards.builtin_backends")
@@ -87,6 +90,8 @@ class Registry(ConflictResolution):
 
     def __init__(self, *, entry_points: bool = True, allowlist: str | None = None,
                  prefer: str | dict[str, str] | None = None):
+        if entry_points:
+            check_distribution()  # ForeignDistributionError: another distribution shares the steerkit package
         self.pm = pluggy.PluginManager(GROUP)
         self.pm.add_hookspecs(HookSpecs)
         self.plugins: dict[str, PluginInfo] = {}
@@ -144,7 +149,7 @@ class Registry(ConflictResolution):
                     "of that name (see `pip list` and the package's pyproject.toml)."])
 
     def _register_module(self, name: str, load: Callable[[], Any]) -> None:
-        info = PluginInfo(name, "steerkit", _steerkit_version(), source="builtin")
+        info = PluginInfo(name, DISTRIBUTION, _steerkit_version(), source="builtin")
 
         def register():
             self.pm.register(load(), name=name)
@@ -275,7 +280,7 @@ def _dist_name(dist) -> str:
 @functools.lru_cache(maxsize=1)
 def _steerkit_version() -> str:
     try:
-        return importlib.metadata.version("steerkit")
+        return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         return "0"
 

@@ -7,6 +7,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# the console script's default thread count follows the machine's cores and its load average at that moment: in
+# the suite (in-process and in the subprocesses it starts) every run uses one thread, as the fixtures below do
+os.environ["STEERKIT_THREADS"] = "1"
 
 from tiny import make_tokenizer, save_tiny_lm, tiny_lm, tiny_reward  # noqa: E402
 
@@ -48,6 +51,27 @@ requires_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"labelled d
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+#: Variables that make Rich and typer treat a pipe as a terminal (or a terminal as a pipe). Tests that check
+#: steerkit's output when it is piped or captured must not depend on which of these the shell exported; a test
+#: that wants a terminal sets them itself (monkeypatch or CliRunner's env=).
+TERMINAL_OVERRIDES = ("FORCE_COLOR", "PY_COLORS", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+
+
+@pytest.fixture(autouse=True)
+def _output_is_not_a_terminal(monkeypatch):
+    """Captured output is not a terminal, whatever the shell running the suite exported (CI sets FORCE_COLOR,
+    GITHUB_ACTIONS ...). typer reads FORCE_COLOR/PY_COLORS/GITHUB_ACTIONS once, at import: reset its flag too."""
+    for name in TERMINAL_OVERRIDES:
+        monkeypatch.delenv(name, raising=False)
+    try:
+        import typer.rich_utils as rich_utils
+    except ImportError:  # a typer without rich: nothing forces a terminal
+        rich_utils = None
+    if rich_utils is not None and getattr(rich_utils, "FORCE_TERMINAL", None):
+        monkeypatch.setattr(rich_utils, "FORCE_TERMINAL", None)
+    yield
 
 
 @pytest.fixture(autouse=True)

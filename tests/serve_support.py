@@ -4,7 +4,11 @@ slow on purpose (real reward sessions underneath, wrapped)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 
@@ -39,6 +43,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def ray_temp_dir(mp):
+    """Point Ray (``ray start``, ``ray.init``, the actors) at a fresh, short temporary directory for the block,
+    through ``$RAY_TMPDIR`` set on the MonkeyPatch ``mp``.
+
+    Short: Ray puts its Unix sockets under ``$RAY_TMPDIR/ray/session_…/sockets/`` and a socket path may not exceed
+    107 bytes, so a long ``$TMPDIR`` (pytest's or the shell's) would stop the cluster from starting. Fresh: the
+    ``ray_current_cluster`` file that ``ray start`` writes (and ``--ray auto`` reads) is this run's own, neither the
+    machine's ``/tmp/ray`` one, which a cluster started earlier may have left pointing at a dead address, nor one
+    this run leaves behind for the next.
+    """
+    base = tempfile.gettempdir()
+    if len(base) > 24 and os.path.isdir("/tmp"):
+        base = "/tmp"
+    path = tempfile.mkdtemp(prefix="skray", dir=base)
+    mp.setenv("RAY_TMPDIR", path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def save_tiny_reward(root, tokenizer, *, name: str, layers: int = 1, backbone_seed: int = 3, head_seed: int = 11):

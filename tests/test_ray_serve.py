@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory):
-    from serve_support import free_port, save_tiny_reward
+    from serve_support import free_port, ray_temp_dir, save_tiny_reward
 
     from steerkit.config import SteeringConfig
     from steerkit.distributed.serve import ReplicaConfig, start_replicas
@@ -36,7 +36,7 @@ def replicas(tmp_path_factory):
     cfg = SteeringConfig(lm=str(lm), rewards=[{"name": str(save_tiny_reward(root, tok, name="tiny")), "beta": 5}],
                          k=8)
     port = free_port()
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp, ray_temp_dir(mp):  # short socket paths whatever $TMPDIR is
         mp.setenv("RAY_AUTH_MODE", "disabled")
         mp.setenv("RAY_USAGE_STATS_ENABLED", "0")
         mp.setenv("STEERKIT_PLUGINS", "")  # replicas load the config's reward only, not every installed plugin

@@ -39,6 +39,13 @@ def start(args, port):
                              *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def stop(proc):
+    """Kill the server if it still runs, reap it and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate(timeout=30)
+
+
 def wait_healthy(proc, url):
     def healthy():
         if proc.poll() is not None:
@@ -88,9 +95,7 @@ def test_sigterm_finishes_the_request_in_flight_then_exits(model_dirs):
         with pytest.raises(httpx.TransportError):  # nothing listens any more
             httpx.get(url + "/health", timeout=2)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def test_sigterm_past_the_deadline_cancels_what_is_left(model_dirs):
@@ -117,9 +122,7 @@ def test_sigterm_past_the_deadline_cancels_what_is_left(model_dirs):
         finished = [c for c in chunks if c.get("choices") and c["choices"][0].get("finish_reason") in {"stop", "length"}]
         assert len(finished) < 4  # 4 rows × 240 tokens take seconds: the 0.3 s deadline cut them off
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def test_user_errors_are_one_line_and_exit_2(model_dirs, capsys, monkeypatch):
@@ -156,5 +159,5 @@ def test_ray_replicas_without_ray_serve_is_a_typed_error(capsys, monkeypatch):
     with pytest.raises(SystemExit) as info:
         main(["serve", "--ray", "local", "--replicas", "2", "--port", str(free_port())])
     err = capsys.readouterr().err
-    assert info.value.code == 2 and err.startswith("error:") and 'pip install "steerkit[ray]"' in err
+    assert info.value.code == 2 and err.startswith("error:") and 'pip install "steerkit-rad[ray]"' in err
     assert len(err.strip().splitlines()) == 1

@@ -28,7 +28,8 @@ def import_rad_command(
 ):
     """Convert an official RAD reward model (a GPT-2 state dict with a 1-output lm_head) to a steerkit directory.
 
-    rho is read as clamp(head(h), 0, 1), as in the paper. Use it like any reward, e.g.
+    rho is read as clamp(head(h), 0, 1) from the text's own ids (no start token), as in the paper. Use it like
+    any reward, e.g.
     steerkit generate "Hello" --reward DIR=-50
     """
     from ..rewards.model import CONFIG_NAME
@@ -41,7 +42,7 @@ def import_rad_command(
         typer.echo(json.dumps(config))
         return
     err.print(f"wrote {directory}: reward {config['name']!r}, {config['num_layers']} layers of "
-              f"{config['backbone']!r}, output clamp; use it as --reward {directory}=BETA")
+              f"{config['backbone']!r}, output clamp, no start token; use it as --reward {directory}=BETA")
 
 
 def register(app: typer.Typer) -> None:

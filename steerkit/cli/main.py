@@ -12,6 +12,7 @@ import sys
 import warnings
 
 import typer
+from rich.markup import escape
 
 from ..errors import InvalidArgumentError, SteerkitError, SteerkitWarning
 from .app import build_app
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
         _check_utf8(args)
         command = typer.main.get_command(build_app(plugins=True))
         _hide_flag_metavars(command)
+        _plain_help(command)
         code = command.main(args=args, prog_name="steerkit", standalone_mode=False)
     except SteerkitError as exc:
         _fail(str(exc))
@@ -108,3 +110,21 @@ def _hide_flag_metavars(command) -> None:
             param.metavar = ""
     for sub in getattr(command, "commands", {}).values():
         _hide_flag_metavars(sub)
+
+
+def _plain_help(command) -> None:
+    """Help texts are plain text: escape what Rich would take for markup when typer renders ``--help``.
+
+    ``Needs pip install "steerkit-rad[ray]"`` printed as ``Needs pip install "steerkit-rad"``: Rich read ``[ray]``
+    as a style tag and dropped it. Every command's and parameter's help is escaped here, plugins' commands
+    included; a ``\\[`` written by hand to get past Rich is unescaped first, so it is not escaped twice.
+    """
+    for attr in ("help", "short_help", "epilog"):
+        text = getattr(command, attr, None)
+        if isinstance(text, str):
+            setattr(command, attr, escape(text.replace("\\[", "[")))
+    for param in command.params:
+        if isinstance(getattr(param, "help", None), str):
+            param.help = escape(param.help.replace("\\[", "["))
+    for sub in getattr(command, "commands", {}).values():
+        _plain_help(sub)

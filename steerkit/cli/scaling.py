@@ -11,7 +11,7 @@ import typer
 from ..errors import InvalidArgumentError
 
 RAY_HELP = ("Shard the prompts over Ray actors: auto (the running cluster), local (start one here) or HOST:PORT. "
-            "Needs pip install \"steerkit[ray]\". See docs/scaling.md.")
+            "Needs pip install \"steerkit-rad[ray]\". See docs/scaling.md.")
 ACTORS_HELP = "Ray actors, each loading the models once. \\[default: the cluster's GPUs, else CPUs ÷ threads]"
 THREADS_HELP = "torch threads (and CPUs reserved) per Ray actor."
 GPUS_HELP = "GPUs per Ray actor (a fraction shares one). \\[default: 1 each on a cluster with GPUs, else 0]"

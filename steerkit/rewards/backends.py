@@ -37,8 +37,9 @@ class RewardBackend(ABC):
     def load(self, directory: Path):
         """The model of a reward-model directory (or of a directory in this backend's own format): an object
         with ``config`` (:class:`~steerkit.rewards.model.RewardModelConfig`), ``tokenizer`` and
-        ``encode(texts) -> {"input_ids", "attention_mask"}`` (start token + text, left padded). Raise a
-        :class:`~steerkit.errors.SteerkitError` that says what to pass instead for a directory it cannot run."""
+        ``encode(texts) -> {"input_ids", "attention_mask"}`` (start token, if the config has one, + text, left
+        padded). Raise a :class:`~steerkit.errors.SteerkitError` that says what to pass instead for a directory it
+        cannot run."""
 
     @abstractmethod
     def new_cache(self, model, input_ids, attention_mask):

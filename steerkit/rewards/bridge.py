@@ -60,7 +60,7 @@ class BridgedSession:
         self.texts = list(texts)  # committed text T per row: prefix + decode(lm_ids)
         self.lm_ids: list[list[int]] = [[] for _ in range(B)]
         self.stable = [0] * B  # boundary S per row (characters of T covered by the cache)
-        self.cached = [0] * B  # RM tokens in the cache after the start token (= len(rm(T[:S])))
+        self.cached = [0] * B  # RM tokens in the cache after the start token, if any (= len(rm(T[:S])))
         self._pending = None
         self._empty_rewards: dict[str, float] = {}
         self._byte_tokens: dict[int, bool] = {}
@@ -86,9 +86,9 @@ class BridgedSession:
         return self.lm_tokenizer.batch_decode(sequences, skip_special_tokens=True)
 
     def _left_padded(self, rows: list[list[int]]):
-        start = self.model.config.start_token_id
-        rows = [[start] + r for r in rows]
-        width = max(len(r) for r in rows)
+        start = self.model.config.start_ids  # [] for a model without a start token (the paper's)
+        rows = [start + r for r in rows]
+        width = max((len(r) for r in rows), default=0)
         ids = torch.full((len(rows), width), self.rm_pad_id, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for i, r in enumerate(rows):
@@ -219,8 +219,15 @@ class BridgedSession:
         empty = [i for i, x in enumerate(blocks) if not x]
         if empty:  # nothing after the boundary: the reward of the cached prefix itself (only when T is "")
             flat = rewards.view(-1)
+            textless = []
             for i in empty:
-                flat[i] = self._empty_reward(new_texts[i // k][i % k])
+                text = new_texts[i // k][i % k]
+                if text or self.model.config.start_token_id is not None:
+                    flat[i] = self._empty_reward(text)
+                else:
+                    textless.append(i)
+            if textless:
+                _neutral_rewards(flat, textless, k)
         self._pending = {"candidates": cands, "texts": new_texts,
                          "blocks": [blocks[b * k:(b + 1) * k] for b in rows]}
         return rewards
@@ -319,6 +326,22 @@ class BridgedSession:
         self.cache.add_rows(other.cache)
 
     _ROW_STATE = ("prefixes", "texts", "lm_ids", "stable", "cached")
+
+
+def _neutral_rewards(flat: torch.Tensor, textless: list[int], k: int) -> None:
+    """Rewards for candidates that leave the text empty, under a reward model without a start token.
+
+    Such a model reads nothing for an empty text, so it has no reward (``score_texts`` refuses one). It can only
+    happen at a step whose committed text is empty (continuation-only scoring, first step) and for a candidate
+    that decodes to no text (an end-of-text or other special token). Rather than stop decoding, each such
+    candidate gets the mean reward of its row's other candidates (0.5 when there are none), so the reward neither
+    favours nor penalises it against them. ``flat`` [B·k] is updated in place.
+    """
+    missing = set(textless)
+    for i in textless:
+        row = range(i - i % k, i - i % k + k)
+        others = [j for j in row if j not in missing]
+        flat[i] = flat[others].mean() if others else 0.5
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

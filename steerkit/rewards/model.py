@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch import nn
 
-from ..errors import PromptTooLongError, RewardModelFormatError
+from ..errors import InvalidArgumentError, PromptTooLongError, RewardModelFormatError, SteerkitWarning
+from ..hf_compat import cache_kwargs, output_cache
 from ..models import atomic_write_text, context_length, load_causal_lm, load_tokenizer, resolve
 from .backbones import default_lora_targets, num_blocks, output_hidden_size, truncate, uses_conv1d
 
@@ -73,13 +74,29 @@ class RewardModelConfig(BaseModel):
     vocab_size: int
     method: Literal["head", "lora", "full"] = "head"
     lora: LoraSettings | None = None
-    start_token_id: int  # prepended to every text, so an empty prefix can be scored
+    #: prepended to every text, so an empty prefix can be scored (the backbone's BOS, else its EOS). ``null``: the
+    #: model reads a text's own ids and nothing else, as the paper's reward models were trained (``steerkit import
+    #: rad`` writes it): the first scored position is the text's first token, and an empty text has no reward.
+    #: Required, so a directory always says which; ``kind: token`` needs one.
+    start_token_id: int | None
     max_length: int = 512
     output_function: Literal["sigmoid", "clamp"] = "sigmoid"  # rho = sigmoid(head(h)) or clamp(head(h), 0, 1)
     #: "sequence": a scalar head read after each candidate (this module); "token": a head that scores every
     #: next token from the prefix alone (:mod:`steerkit.rewards.token_model`, ``token_head`` its settings)
     kind: Literal["sequence", "token"] = "sequence"
     token_head: TokenHeadSettings | None = None
+
+    @model_validator(mode="after")
+    def _token_models_need_a_start_token(self) -> "RewardModelConfig":
+        if self.kind == "token" and self.start_token_id is None:
+            raise ValueError("start_token_id is null, but a token-level reward model (kind: token) reads the "
+                             "reward of a text's first token from the start token's position; set start_token_id.")
+        return self
+
+    @property
+    def start_ids(self) -> list[int]:
+        """The ids read before every text: ``[start_token_id]``, or ``[]`` when the model reads none."""
+        return [] if self.start_token_id is None else [self.start_token_id]
 
 
 @dataclass
@@ -194,37 +211,40 @@ class RewardModel(nn.Module):
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache: bool = False) -> RewardOutput:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            past_key_values=past_key_values, use_cache=use_cache)
+                            use_cache=use_cache, **cache_kwargs(self.backbone, past_key_values))
         rewards = OUTPUT_FUNCTIONS[self.config.output_function](self.head(out.last_hidden_state).squeeze(-1))
-        return RewardOutput(rewards, out.past_key_values if use_cache else None)
+        return RewardOutput(rewards, output_cache(out) if use_cache else None)
 
     def context_limit(self) -> int | None:
-        """Most tokens (start token included) the reward model can read: its backbone's max positions."""
+        """Most tokens (start token, if any, included) the reward model can read: its backbone's max positions."""
         return context_length(getattr(self, "backbone", None))
 
     def encode(self, texts: list[str], max_length: int | None = None, *,
                first_index: int = 0) -> dict[str, torch.Tensor]:
         """Tokenize texts as the reward model sees them: start token + text, left padded.
 
+        A model without a start token (``start_token_id: null``) reads the text's own ids only; an empty text is
+        then a row of padding alone (what a decoding session starts from; :meth:`score_texts` refuses it).
         With ``max_length`` each text is cut to ``max_length - 1`` tokens (training's convention). Without it
         the whole text is read, and a text longer than the reward model's context raises
         :class:`PromptTooLongError` (never a silent cut, never positions past the context) naming the text
         by its index (``first_index`` + position in ``texts``).
         """
         tok = self.tokenizer
+        start = self.config.start_ids
         ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
         if max_length:
             ids = [r[: max_length - 1] for r in ids]
         else:
             limit = self.context_limit() if callable(getattr(self, "context_limit", None)) else None
             for i, r in enumerate(ids):
-                if limit is not None and len(r) + 1 > limit:
+                if limit is not None and len(r) + len(start) > limit:
                     raise PromptTooLongError(
-                        f"Text {first_index + i} has {len(r)} tokens (plus the start token); the reward model "
-                        f"{self.config.name!r} reads at most {limit} tokens (its backbone's context). "
-                        f"Shorten the text to at most {limit - 1} tokens, or score it in pieces.")
-        rows = [[self.config.start_token_id] + r for r in ids]
-        width = max(len(r) for r in rows)
+                        f"Text {first_index + i} has {len(r)} tokens{' (plus the start token)' if start else ''}; "
+                        f"the reward model {self.config.name!r} reads at most {limit} tokens (its backbone's "
+                        f"context). Shorten the text to at most {limit - len(start)} tokens, or score it in pieces.")
+        rows = [start + r for r in ids]
+        width = max((len(r) for r in rows), default=0)
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         ids = torch.full((len(rows), width), pad, dtype=torch.long)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -235,17 +255,21 @@ class RewardModel(nn.Module):
 
     @torch.no_grad()
     def score_texts(self, texts: list[str], batch_size: int = 32, per_prefix: bool = False):
-        """Reward of each text (from scratch, no cache). With ``per_prefix`` also every prefix's reward."""
+        """Reward of each text (from scratch, no cache). With ``per_prefix`` also every prefix's reward.
+
+        Without a start token an empty text has no reward: it raises :class:`InvalidArgumentError`."""
         finals, prefixes = [], []
+        skip = len(self.config.start_ids)  # the start token's position is no prefix of the text
         device = next(self.parameters()).device
         for i in range(0, len(texts), batch_size):
             enc = self.encode(texts[i:i + batch_size], first_index=i)
+            refuse_empty_rows(self.config, enc["attention_mask"], first_index=i)
             mask = enc["attention_mask"].to(device)
             position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
             rewards = self(enc["input_ids"].to(device), attention_mask=mask, position_ids=position_ids).rewards
             finals.extend(rewards[:, -1].tolist())
             if per_prefix:
-                prefixes.extend(r[m.bool()][1:].tolist() for r, m in zip(rewards, mask))
+                prefixes.extend(r[m.bool()][skip:].tolist() for r, m in zip(rewards, mask))
         return (finals, prefixes) if per_prefix else finals
 
     # -- persistence --------------------------------------------------------------------------
@@ -280,6 +304,7 @@ class RewardModel(nn.Module):
 
         directory = Path(directory)
         config = read_config(directory)
+        _warn_on_old_rad_import(directory, config)
         if config.kind != cls.kind:
             raise RewardModelFormatError(
                 f"{directory} is a {config.kind}-level reward model, not a {cls.kind}-level one: load it with "
@@ -319,6 +344,31 @@ class RewardModel(nn.Module):
         except (SafetensorError, OSError) as exc:
             raise RewardModelFormatError(f"Corrupt weights in {directory}: {exc}") from None
         return model.eval()
+
+
+def refuse_empty_rows(config: RewardModelConfig, attention_mask: torch.Tensor, first_index: int = 0) -> None:
+    """Raise :class:`InvalidArgumentError` for a text of no tokens (an :meth:`RewardModel.encode` row with no real
+    position) when the model reads no start token: there is no position to read its reward from. The paper's
+    code never scores an empty text (it scores prompt + continuation, and prompts are not empty)."""
+    if config.start_token_id is not None:
+        return
+    empty = (attention_mask.sum(-1) == 0).nonzero()
+    if len(empty):
+        raise InvalidArgumentError(
+            f"Text {first_index + int(empty[0])} is empty (no tokens), and the reward model {config.name!r} reads no "
+            "start token (start_token_id: null, as the paper's RAD models, which read a text's own ids): an empty "
+            "text has no reward. Score non-empty texts only (leave empty ones out).")
+
+
+def _warn_on_old_rad_import(directory: Path, config: RewardModelConfig) -> None:
+    """Directories written by ``steerkit import rad`` before it wrote ``start_token_id: null`` score every text
+    after a start token the paper's models never saw in training: other rewards than the original's."""
+    if config.start_token_id is not None and (directory / "rad_import.json").is_file():  # rad_import.PROVENANCE_NAME
+        warnings.warn(SteerkitWarning(
+            f"{directory} was imported from a RAD checkpoint by an older steerkit that prepends a start token the "
+            "paper's reward models never saw, so its rewards differ from the original's. Re-import it with "
+            "`steerkit import rad CHECKPOINT --backbone gpt2 --out DIR --overwrite`, or set \"start_token_id\": "
+            f"null in its {CONFIG_NAME}."), stacklevel=3)
 
 
 def read_config(directory: Path) -> RewardModelConfig:

@@ -34,7 +34,7 @@ import torch
 from ..errors import ExportError
 from .attention import additive, append_mask_4d
 from .cache import SharedPrefixCache, left_pad_kv, pick_columns
-from .model import CONFIG_NAME, RewardModel
+from .model import CONFIG_NAME, RewardModel, RewardModelConfig, refuse_empty_rows
 from .onnx_export import INSTALL_HINT, ensure_cached_export, model_content_hash, reward_dir_hash
 from .onnx_manifest import MODEL_FILE, is_export_dir, verify_export
 
@@ -184,7 +184,7 @@ class OnnxRewardModel:
                 f"providers={self.runtime.providers})")
 
     def encode(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:
-        """Start token + text, left padded: exactly :meth:`RewardModel.encode`."""
+        """Start token (if the config has one) + text, left padded: exactly :meth:`RewardModel.encode`."""
         return RewardModel.encode(self, texts, max_length)
 
     @torch.no_grad()
@@ -193,7 +193,7 @@ class OnnxRewardModel:
         def rewards(ids, positions, mask4d, mask):
             return self.runtime.run(ids, positions, mask4d, self.runtime.empty_past(mask.shape[0]))[0].cpu()
 
-        return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards)
+        return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards, config=self.config)
 
 
 _FROM_TORCH: "weakref.WeakKeyDictionary[RewardModel, OnnxRewardModel]" = weakref.WeakKeyDictionary()
@@ -254,23 +254,28 @@ class OnnxScoringCache(SharedPrefixCache):
                      for a, b in zip(self.past, other.past)]
 
 
-def score_from_scratch(encode, texts: list[str], batch_size: int, per_prefix: bool, rewards):
+def score_from_scratch(encode, texts: list[str], batch_size: int, per_prefix: bool, rewards, *,
+                       config: RewardModelConfig | None = None):
     """``score_texts`` of an ONNX reward model: one prefill per batch of ``batch_size`` texts, zero-length past.
 
     ``encode(texts)`` gives ``input_ids`` and ``attention_mask`` [B, n]; ``rewards(ids, positions, mask4d, mask)``
     gives the reward at every position [B, n] (``mask4d`` the additive 4D mask, ``mask`` the bool [B, n] one).
-    Returns the final reward of each text, and with ``per_prefix`` also each text's prefix rewards.
+    Returns the final reward of each text, and with ``per_prefix`` also each text's prefix rewards (those after
+    the start token; ``config`` says whether the model reads one, default yes).
     """
     finals, prefixes = [], []
+    skip = 1 if config is None else len(config.start_ids)
     for i in range(0, len(texts), batch_size):
         enc = encode(texts[i:i + batch_size])
+        if config is not None:
+            refuse_empty_rows(config, enc["attention_mask"], first_index=i)
         mask = enc["attention_mask"].bool()
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         allowed = append_mask_4d(torch.zeros((mask.shape[0], 0), dtype=torch.bool), mask)
         batch_rewards = rewards(enc["input_ids"], positions, additive(allowed), mask)
         finals.extend(batch_rewards[:, -1].tolist())
         if per_prefix:
-            prefixes.extend(r[m][1:].tolist() for r, m in zip(batch_rewards, mask))
+            prefixes.extend(r[m][skip:].tolist() for r, m in zip(batch_rewards, mask))
     return (finals, prefixes) if per_prefix else finals
 
 

@@ -55,7 +55,7 @@ EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2
 #: an export must reproduce the torch model on its probe inputs to this tolerance
 EXPORT_TOLERANCE = 1e-4
 
-INSTALL_HINT = "pip install 'steerkit[onnx]'  (or 'steerkit[onnx-gpu]' for CUDA)"
+INSTALL_HINT = "pip install 'steerkit-rad[onnx]'  (or 'steerkit-rad[onnx-gpu]' for CUDA)"
 
 
 def reward_dir_hash(directory: str | os.PathLike) -> str:

@@ -11,9 +11,11 @@ backbone weights) and the head row of the chosen output.
 Weights are read with ``torch.load(weights_only=True)`` (``.bin``/``.pt``/``.pth``/``.ckpt``) or from
 safetensors; nothing is ever unpickled beyond tensors. Any other layout is a :class:`RewardModelFormatError`.
 
-Difference from the paper's code: steerkit reads every text after a start token (the backbone's BOS,
-``<|endoftext|>`` for GPT-2), so that an empty continuation can be scored; RAD's processor has none.
-Rewards equal the original module's outputs on the same token ids (start token included).
+The paper's code feeds the reward model a text's own GPT-2 ids, with no start token (in training and in
+decoding), so the imported directory has ``start_token_id: null``: steerkit reads exactly those ids, and the
+reward of a text ``t`` (from scratch or through the decoding cache) equals the original module's output on
+``tokenizer(t).input_ids``. An empty text has no reward (``score_texts`` refuses it); while decoding, the first
+step after an empty text scores each candidate token on its own.
 """
 
 from __future__ import annotations
@@ -140,7 +142,8 @@ def import_rad_checkpoint(checkpoint: str | os.PathLike, backbone: str, out: str
     num_layers = _checkpoint_depth(base, body)
     rm = RewardModel.from_causal_lm(lm, tokenizer, num_layers, reference=source.reference,
                                     fingerprint=source.fingerprint, name=name, attribute=attribute)
-    rm.config = rm.config.model_copy(update={"method": "full", "output_function": "clamp"})
+    # no start token: RAD trained and decodes on the text's own ids (steerkit's default prepends the backbone's BOS)
+    rm.config = rm.config.model_copy(update={"method": "full", "output_function": "clamp", "start_token_id": None})
     expected = rm.backbone.state_dict()
     body = {k: v for k, v in body.items() if k in expected or not LEGACY_BUFFERS.search(k)}
     missing, unexpected = sorted(set(expected) - set(body)), sorted(set(body) - set(expected))

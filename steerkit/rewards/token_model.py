@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..hf_compat import cache_kwargs, output_cache
 from .model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel, RewardOutput, TokenHeadSettings
 from .onnx_manifest import MANIFEST_NAME
 
@@ -230,9 +231,9 @@ class TokenRewardModel(RewardModel):
                 use_cache: bool = False):
         """(query [B, n, d], offset [B, n], past_key_values or None) for every position."""
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            past_key_values=past_key_values, use_cache=use_cache)
+                            use_cache=use_cache, **cache_kwargs(self.backbone, past_key_values))
         query, offset = self.head(out.last_hidden_state)
-        return query, offset, (out.past_key_values if use_cache else None)
+        return query, offset, (output_cache(out) if use_cache else None)
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
                 use_cache: bool = False) -> RewardOutput:

@@ -8,5 +8,5 @@
   ``metrics.py`` the Prometheus metrics (the engine's observer); ``static/index.html`` the playground.
 
 Nothing here is imported by ``import steerkit``; the HTTP modules need the ``serve`` extra
-(``pip install 'steerkit[serve]'``). See docs/serving.md.
+(``pip install 'steerkit-rad[serve]'``). See docs/serving.md.
 """

@@ -12,6 +12,7 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import InvalidArgumentError
+from ..hf_compat import cache_kwargs
 
 
 class Prefilled:
@@ -52,7 +53,7 @@ class LMBatch:
         mask = torch.ones_like(input_ids)
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1),
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         use_cache=True, logits_to_keep=1, **cache_kwargs(self.model, cache))
         for layer in cache.layers:
             if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
                 raise InvalidArgumentError(
@@ -100,6 +101,6 @@ class LMBatch:
         tokens = tokens.to(self.device)
         self.mask = torch.cat([self.mask, torch.ones((self.size, 1), dtype=self.mask.dtype, device=self.device)], 1)
         out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.pos[:, None],
-                         past_key_values=self.cache, use_cache=True)
+                         use_cache=True, **cache_kwargs(self.model, self.cache))
         self.pos = self.pos + 1
         self.logits = out.logits[:, -1, :].float()

@@ -376,15 +376,18 @@ def tokenize(tokenizer, texts: list[str], max_length: int) -> list[list[int]]:
     return [row[: max_length - 1] for row in ids]
 
 
-def collate(rows: list[list[int]], start_token_id: int, pad_token_id: int) -> dict[str, torch.Tensor]:
-    """Start token + ids, left padded, with position ids derived from the mask (as RewardModel.encode)."""
-    width = max(len(r) for r in rows) + 1
+def collate(rows: list[list[int]], start_token_id: int | None, pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Start token + ids, left padded, with position ids derived from the mask (as RewardModel.encode).
+
+    ``start_token_id`` None (a model without a start token, such as an imported RAD model) lays out the ids
+    alone."""
+    start = [] if start_token_id is None else [start_token_id]
+    width = max(len(r) for r in rows) + len(start)
     ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, row in enumerate(rows):
-        n = len(row) + 1
-        ids[i, width - n] = start_token_id
-        if row:
-            ids[i, width - n + 1:] = torch.tensor(row, dtype=torch.long)
+        n = len(row) + len(start)
+        if n:
+            ids[i, width - n:] = torch.tensor(start + row, dtype=torch.long)
         mask[i, width - n:] = 1
     return {"input_ids": ids, "attention_mask": mask, "position_ids": (mask.cumsum(-1) - 1).clamp(min=0)}

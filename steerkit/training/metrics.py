@@ -58,9 +58,10 @@ def summarise(final, targets, prefix: dict[float, list[float]] | None = None) ->
     return out
 
 
-def prefix_indices(attention_mask: torch.Tensor, fraction: float) -> torch.Tensor:
-    """Index of the position after the first ceil(fraction · l) text tokens of each row (at least 1)."""
-    t = prefix_positions(attention_mask)
+def prefix_indices(attention_mask: torch.Tensor, fraction: float, *, start: bool = True) -> torch.Tensor:
+    """Index of the position after the first ceil(fraction · l) text tokens of each row (at least 1).
+    ``start``: each row begins with a start token (False: with its first text token, see ``collate``)."""
+    t = prefix_positions(attention_mask) if start else attention_mask.long().cumsum(-1) * attention_mask.long()
     length = t.amax(-1)
     wanted = torch.clamp(torch.ceil(length.double() * fraction).long(), min=1)
     wanted = torch.minimum(wanted, length.clamp(min=1))
@@ -93,7 +94,8 @@ def predict(model, token_rows: list[list[int]], *, batch_size: int = 64, fractio
             for i, v in zip(idx, final_rewards(rewards, batch["attention_mask"]).tolist()):
                 final[i] = v
             for f in fractions:
-                values = rewards.gather(-1, prefix_indices(batch["attention_mask"], f)[:, None]).squeeze(-1)
+                index = prefix_indices(batch["attention_mask"], f, start=start is not None)
+                values = rewards.gather(-1, index[:, None]).squeeze(-1)
                 for i, v in zip(idx, values.tolist()):
                     prefix[f][i] = v
     finally:

@@ -93,7 +93,7 @@ def build_model(config: TrainConfig) -> RewardModel:
         try:
             from peft import get_peft_model
         except ImportError:
-            raise ConfigError("method 'lora' needs peft: pip install 'steerkit[train]' (or pick method 'head').") from None
+            raise ConfigError("method 'lora' needs peft: pip install 'steerkit-rad[train]' (or pick method 'head').") from None
         try:
             with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x (harmless)
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)

@@ -1,7 +1,9 @@
 """End to end on the real SmolLM2-135M-Instruct (packaged wheel)."""
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -64,6 +66,24 @@ def test_cli_generate_json(smol_reward):
     assert payload["k"] == 20 and len(payload["generations"]) == 2
     assert all(g["prompt"] == "The movie was" and g["text"] for g in payload["generations"])
     assert payload["rewards"][0]["beta"] == 20
+
+
+@pytest.mark.skipif(importlib.util.find_spec("steerkit_toxicity") is None
+                    or importlib.util.find_spec("steerkit_sentiment") is None,
+                    reason="the shipped reward plugins are not installed: steerkit setup")
+def test_cli_generate_prints_no_warning_line():
+    """What a user sees on a fresh install: `steerkit generate` on the real model, steered by a shipped sequence
+    reward and a shipped token-level one, writes the text to stdout and only its timing line to stderr: no
+    deprecation warning from a transformers call, no third-party log line. The interpreter's warning filters
+    are a user's default (the suite's own turn warnings into errors)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONWARNINGS", "TRANSFORMERS_VERBOSITY")}
+    cmd = [sys.executable, "-m", "steerkit", "generate", "The movie was", "--reward", "toxicity=-20",
+           "--reward", "sentiment-token=10", "-k", "10", "-n", "2", "--max-new-tokens", "6", "--seed", "0"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and re.fullmatch(r"\d+ tokens in .* tok/s.*", lines[0]), result.stderr
 
 
 def test_cli_reports_typed_errors_without_traceback():

@@ -141,4 +141,21 @@ def test_missing_ray_is_a_typed_error_with_the_install_command(tmp_path, models,
         main(["generate", "--input", str(prompt_file), "--output", str(tmp_path / "o.jsonl"), "--lm", models[0],
               "--ray", "auto"])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and 'pip install "steerkit[ray]"' in err and not (tmp_path / "o.jsonl").exists()
+    assert exit_.value.code == 2 and 'pip install "steerkit-rad[ray]"' in err and not (tmp_path / "o.jsonl").exists()
+
+
+def test_ray_auto_reads_the_address_file_of_rays_own_temp_dir(tmp_path, monkeypatch):
+    """`--ray auto` looks where Ray itself keeps `ray_current_cluster` ($RAY_TMPDIR/ray first): a run or a test
+    with a Ray temporary directory of its own never picks up the address a cluster left in /tmp/ray."""
+    from steerkit.distributed.cluster import resolve_auto
+    from steerkit.errors import ClusterUnreachableError
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    with pytest.raises(ClusterUnreachableError, match="found no running Ray cluster"):
+        resolve_auto()  # whatever /tmp/ray/ray_current_cluster holds on this machine
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:6390\n", encoding="utf-8")
+    assert resolve_auto() == "127.0.0.1:6390"
+    monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")
+    assert resolve_auto() == "10.1.2.3:6379"

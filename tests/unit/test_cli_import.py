@@ -24,6 +24,7 @@ def test_import_rad_command_writes_a_clamp_reward_model(tokenizer, tmp_path):
     assert result.exit_code == 0, result.output
     config = json.loads(result.stdout)
     assert config["output_function"] == "clamp" and config["name"] == "rad-cli"
+    assert config["start_token_id"] is None  # RAD reads a text's own ids
     assert_same_rewards(rad, RewardModel.from_pretrained(tmp_path / "rm"), tokenizer)
 
 

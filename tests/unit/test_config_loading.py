@@ -27,10 +27,10 @@ def write(tmp_path, name, data):
 @pytest.mark.parametrize("cls", [SteeringConfig, TrainConfig, EvalConfig])
 def test_billion_laughs_is_refused_quickly_for_every_config(tmp_path, cls):
     path = write(tmp_path, "bomb.yaml", BILLION_LAUGHS)
-    start = time.perf_counter()
+    start = time.thread_time()  # CPU time of this thread: independent of what else the machine is doing
     with pytest.raises(ConfigError, match="aliases expand this document beyond"):
         cls.from_file(path)
-    assert time.perf_counter() - start < 2.0  # it used to run for minutes and allocate GBs
+    assert time.thread_time() - start < 2.0  # milliseconds; it used to run for minutes and allocate GBs
 
 
 def test_aliases_within_the_bound_still_work(tmp_path):

@@ -108,8 +108,11 @@ def test_cli_end_to_end_resume_and_report(tmp_path, saved_models):
     assert all(r["num_prompts"] == 3 and f"reward:{rm_dir}" in r["scorers"] for r in metrics["results"])
     n_lines = len((out / "generations.jsonl").read_text().splitlines())
     assert n_lines == 9
-    again = runner.invoke(app, args)
-    assert again.exit_code == 0 and "9 of 9 prompt×setting units already done" in " ".join(again.output.split())
+    again = runner.invoke(app, args, env={"COLUMNS": "40"})  # narrow: the note must still be one whole line
+    assert again.exit_code == 0, again.output + repr(again.exception)
+    assert any(line.startswith("resuming ") and str(out) in line
+               and line.endswith(": 9 of 9 prompt×setting units already done") for line in again.output.splitlines()), \
+        again.output
     assert len((out / "generations.jsonl").read_text().splitlines()) == 9
     (out / "report.md").unlink()
     rebuilt = runner.invoke(app, ["eval", "report", str(out), "--no-plots"])

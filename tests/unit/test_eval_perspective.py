@@ -18,6 +18,7 @@ class FakePerspective:
     def __init__(self):
         self.requests: list[dict] = []
         self.script: list[tuple[int, dict, dict]] = []
+        self.on_request = None  # called with each request's record as it arrives (e.g. to stamp a fake clock)
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -25,6 +26,8 @@ class FakePerspective:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
                 fake.requests.append({"body": body, "query": query, "path": self.path})
+                if fake.on_request is not None:
+                    fake.on_request(fake.requests[-1])
                 if fake.script:
                     status, payload, headers = fake.script.pop(0)
                 else:
@@ -153,19 +156,37 @@ def test_rate_limiter_spaces_requests():
 
 
 def test_rate_limit_applies_to_real_requests(server, tmp_path):
-    import time
+    """Real HTTP requests at 20 QPS arrive at least 0.05 s apart on the scorer's clock. The clock is a fake that
+    moves only when the scorer sleeps or the server says a request took time, so the outcome does not depend on
+    how fast this machine serves the requests (on a loaded one they can take longer than the interval)."""
+    now = [1000.0]
+    sleeps: list[float] = []
+    latency = [0.0]  # fake seconds each request takes on the server
 
-    sleeps = []
+    def sleep(seconds):
+        sleeps.append(seconds)
+        now[0] += seconds
 
-    def sleep(s):
-        sleeps.append(s)
-        time.sleep(s)
+    def arrived(record):
+        record["at"] = now[0]
+        now[0] += latency[0]
 
-    scorer = PerspectiveScorer(api_key="k", url=server.url, cache=tmp_path / "c.sqlite", qps=20, sleep=sleep)
-    start = time.monotonic()
-    scorer.score(["a", "b", "c"])
-    assert time.monotonic() - start >= 0.1 - 1e-3  # three requests at 20 QPS span at least 2 intervals
-    assert len(sleeps) >= 1 and all(0 < s <= 0.05 + 1e-6 for s in sleeps)
+    server.on_request = arrived
+    scorer = PerspectiveScorer(api_key="k", url=server.url, cache=tmp_path / "c.sqlite", qps=20, sleep=sleep,
+                               clock=lambda: now[0])
+    assert scorer.score(["a", "b", "c"]) == pytest.approx([0.0001] * 3)
+    arrivals = [r["at"] for r in server.requests]
+    assert len(arrivals) == 3 and all(b - a >= 0.05 - 1e-9 for a, b in zip(arrivals, arrivals[1:]))
+    assert sleeps == pytest.approx([0.05, 0.05])  # instant requests: the scorer waits out each whole interval
+    # requests that take 0.03 s count towards the interval: only the rest is slept; 0.1 s ones need no wait
+    for seconds, expected in ((0.03, [0.02, 0.02]), (0.1, [])):
+        latency[0], sleeps[:] = seconds, []
+        server.requests.clear()
+        now[0] += 10  # idle long enough: the first request goes at once
+        assert len(scorer.score([f"{seconds} {t}" for t in "abc"])) == 3
+        arrivals = [r["at"] for r in server.requests]
+        assert len(arrivals) == 3 and all(b - a >= 0.05 - 1e-9 for a, b in zip(arrivals, arrivals[1:]))
+        assert sleeps == pytest.approx(expected)
 
 
 def test_needs_a_key_for_the_real_endpoint(monkeypatch):

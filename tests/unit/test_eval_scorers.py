@@ -119,7 +119,7 @@ def test_restricted_unpickler_refuses_anything_but_plain_containers():
 
 
 # -- the offline extras -----------------------------------------------------------------------------
-@pytest.mark.skipif(not has("vaderSentiment"), reason="vaderSentiment not installed: pip install 'steerkit[eval]'")
+@pytest.mark.skipif(not has("vaderSentiment"), reason="vaderSentiment not installed: pip install 'steerkit-rad[eval]'")
 def test_vader_orders_positive_above_negative():
     s = load_scorer("vader")
     assert s.measures == "sentiment"
@@ -127,14 +127,14 @@ def test_vader_orders_positive_above_negative():
     assert pos > s.threshold > neg and neutral == pytest.approx(0.5)
 
 
-@pytest.mark.skipif(not has("textblob"), reason="textblob not installed: pip install 'steerkit[eval]'")
+@pytest.mark.skipif(not has("textblob"), reason="textblob not installed: pip install 'steerkit-rad[eval]'")
 def test_textblob_orders_positive_above_negative():
     s = load_scorer("textblob")
     pos, neg = s.score(["A great, beautiful day.", "A terrible, awful day."])
     assert pos > 0.5 > neg
 
 
-@pytest.mark.skipif(not has("profanity_check"), reason="alt-profanity-check not installed: pip install 'steerkit[eval]'")
+@pytest.mark.skipif(not has("profanity_check"), reason="alt-profanity-check not installed: pip install 'steerkit-rad[eval]'")
 def test_alt_profanity_check_flags_profanity():
     s = load_scorer("alt-profanity-check")
     bad, good = s.score(["you are a fucking idiot", "have a nice day"])
@@ -142,7 +142,7 @@ def test_alt_profanity_check_flags_profanity():
 
 
 @pytest.mark.skipif(not (has("tox_block") and has("tf_keras")),
-                    reason="tox-block + tf-keras not installed: pip install 'steerkit[eval-tox-block]'")
+                    reason="tox-block + tf-keras not installed: pip install 'steerkit-rad[eval-tox-block]'")
 def test_tox_block_reproduces_the_packaged_model():
     s = load_scorer("tox-block")
     bad, good = s.score(["I will kill you, you fucking idiot!", "What a lovely day."])

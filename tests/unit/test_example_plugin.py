@@ -15,7 +15,7 @@ import torch
 from tiny import make_tokenizer, tiny_lm
 
 from steerkit import registry
-from steerkit.errors import PluginError
+from steerkit.errors import PluginError, SteerkitWarning
 
 PACKAGE = Path(__file__).resolve().parents[2] / "plugins" / "steerkit-example"
 
@@ -87,8 +87,9 @@ def test_steering_with_the_example_reward(installed):
 
     counts = {}
     for beta in (0.0, 30.0):
-        out = generate(["My day was", "The film"], lm=(lm, tok), rewards={"positive-words": beta}, k=len(tok),
-                       max_new_tokens=12, do_sample=False)
+        with pytest.warns(SteerkitWarning, match=f"k={len(tok)}"):  # the whole vocabulary, on purpose
+            out = generate(["My day was", "The film"], lm=(lm, tok), rewards={"positive-words": beta}, k=len(tok),
+                           max_new_tokens=12, do_sample=False)
         counts[beta] = sum(ex.count_words(t) for t in out.texts)
     assert counts[30.0] >= counts[0.0] + 2
 

@@ -1,19 +1,28 @@
-"""Importing the paper's reward models: a RAD-layout checkpoint built in code gives the same rewards in steerkit."""
+"""Importing the paper's reward models: a checkpoint in r-three/RAD's layout, built in code, gives in steerkit exactly
+the rewards that the original module gives on what the paper's code feeds it: a text's own GPT-2 ids, no start token
+(``get_rm_tokenizer``: the GPT-2 tokenizer, pad = eos, right padding; ``GPT2RewardModel.forward`` reads the head at
+the last non-pad token; RAD's logits processor clamps output 0 to [0, 1]). Scored from scratch and incrementally
+through the decoding sessions (shared-prefix candidates, commit, next step), on torch and onnxruntime."""
 
 from __future__ import annotations
 
+import copy
 import json
+import shutil
 
 import pytest
 import torch
 from torch import nn
 
-from steerkit.errors import OutputExistsError, RewardModelFormatError
-from steerkit.rewards.model import RewardModel
+from steerkit.errors import InvalidArgumentError, OutputExistsError, RewardModelFormatError, SteerkitWarning
+from steerkit.rewards.bridge import BridgedSession
+from steerkit.rewards.model import CONFIG_NAME, RewardModel
 from steerkit.rewards.rad_import import PROVENANCE_NAME, import_rad_checkpoint
 from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sessions import SameTokenizerSession
 
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "You are a wonderful friend", "I hate it", ""]
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "You are a wonderful friend", "I hate it", "a"]
+TOL = 1e-5
 
 
 def tiny_gpt2(tokenizer, seed: int, layers: int = 3, hidden: int = 32):
@@ -27,7 +36,9 @@ def tiny_gpt2(tokenizer, seed: int, layers: int = 3, hidden: int = 32):
 
 
 class RadRewardModel(nn.Module):
-    """The layout of r-three/RAD's GPT2RewardModel: a GPT2LMHeadModel under `model` with lm_head = Linear(d, n)."""
+    """r-three/RAD's ``GPT2RewardModel`` (reward_modeling/reward_model.py) at inference: a GPT2LMHeadModel under
+    ``model`` whose ``lm_head`` is ``Linear(d, n, bias=True)``; a row's score is the head's output at its last token
+    that is not the pad token (RAD's pad is the eos token, right padding)."""
 
     def __init__(self, tokenizer, seed: int = 11, layers: int = 3, outputs: int = 1):
         super().__init__()
@@ -35,12 +46,43 @@ class RadRewardModel(nn.Module):
         self.model.lm_head = nn.Linear(self.model.config.n_embd, outputs, bias=True)
         nn.init.normal_(self.model.lm_head.weight, std=0.15)  # raw outputs on both sides of 0 and 1
         nn.init.constant_(self.model.lm_head.bias, 0.5)
+        self.pad_token_id = self.model.config.eos_token_id
+
+    def forward(self, input_ids, attention_mask=None):
+        """(scores [B, n], logits [B, T, n]) as GPT2RewardModel.forward (loss and cache left out)."""
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        sequence_lengths = torch.ne(input_ids, self.pad_token_id).sum(-1) - 1
+        return logits[torch.arange(input_ids.shape[0]), sequence_lengths], logits
 
     def rewards(self, ids: list[int], output: int = 0) -> torch.Tensor:
-        """RAD's reward of every prefix: clamp(lm_head(h_t)[output], 0, 1)."""
+        """clamp(head(h_t)[output], 0, 1) at every position of ``ids`` (the reward of every prefix)."""
         with torch.no_grad():
-            logits = self.model(input_ids=torch.tensor([ids])).logits[0, :, output]
-        return logits.clamp(0, 1)
+            _, logits = self(torch.tensor([ids]))
+        return logits[0, :, output].clamp(0, 1)
+
+
+def rad_tokenizer(tokenizer):
+    """RAD's ``get_rm_tokenizer``: the backbone's tokenizer with pad = eos, padding on the right."""
+    tok = copy.deepcopy(tokenizer)
+    tok.pad_token = tok.eos_token
+    tok.padding_side = "right"
+    return tok
+
+
+def rad_ids(tokenizer, text: str) -> list[int]:
+    """What RAD feeds its reward model for ``text``: ``tokenizer(text).input_ids`` (GPT-2 adds no special tokens)."""
+    ids = rad_tokenizer(tokenizer)(text)["input_ids"]
+    assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]  # the text's own ids: no start token
+    return ids
+
+
+def rad_scores(rad_model: RadRewardModel, tokenizer, texts: list[str], output: int = 0) -> torch.Tensor:
+    """The rewards of whole texts as RAD's code computes them (``RewardAugmentedLogitsProcessorNoPkv.get_reward``
+    and ``apply_function``): one right-padded batch, the score at the last non-pad token, clamped to [0, 1]."""
+    inputs = rad_tokenizer(tokenizer)(texts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        scores, _ = rad_model(inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    return scores[:, output].clamp(0, 1)
 
 
 @pytest.fixture(scope="module")
@@ -57,48 +99,208 @@ def rad(tokenizer):
     return RadRewardModel(tokenizer)
 
 
-def assert_same_rewards(rad_model: RadRewardModel, rm: RewardModel, tokenizer, output: int = 0):
-    _, prefixes = rm.score_texts(TEXTS, per_prefix=True)
-    worst, seen = 0.0, []
-    for text, got in zip(TEXTS, prefixes):
-        ids = [rm.config.start_token_id] + tokenizer(text, add_special_tokens=False)["input_ids"]
-        expected = rad_model.rewards(ids, output)[1:]  # every prefix after the start token
-        assert len(got) == len(expected) == len(ids) - 1
+@pytest.fixture(scope="module")
+def imported(rad, backbone_dir, tmp_path_factory):
+    """The directory `steerkit import rad` writes for ``rad``'s checkpoint."""
+    tmp = tmp_path_factory.mktemp("rad")
+    torch.save(rad.state_dict(), tmp / "pytorch_model.bin")
+    return import_rad_checkpoint(tmp / "pytorch_model.bin", str(backbone_dir), tmp / "rm", name="rad-tiny")
+
+
+@pytest.fixture(scope="module")
+def rad_rm(imported):
+    return RewardModel.from_pretrained(imported)
+
+
+def assert_same_rewards(rad_model: RadRewardModel, rm, tokenizer, output: int = 0, texts=TEXTS):
+    """``rm.score_texts`` (final and per prefix) equals the original module on each text's own ids."""
+    finals, prefixes = rm.score_texts(texts, per_prefix=True)
+    want_finals = rad_scores(rad_model, tokenizer, texts, output)
+    worst, seen = (torch.tensor(finals) - want_finals).abs().max().item(), []
+    for text, got in zip(texts, prefixes):
+        ids = rad_ids(tokenizer, text)
+        expected = rad_model.rewards(ids, output)  # every prefix: the first is the text's first token alone
+        assert len(got) == len(expected) == len(ids)
         worst = max([worst] + (torch.tensor(got) - expected).abs().tolist())
         seen += expected.tolist()
-    assert worst <= 1e-5, worst
+    assert worst <= TOL, worst
     seen = torch.tensor(seen)
     assert (seen == 0).any() and (seen == 1).any() and ((seen > 0) & (seen < 1)).any()  # clamp both ways
 
 
-def test_imported_checkpoint_reproduces_rad_rewards_prefix_by_prefix(rad, backbone_dir, tokenizer, tmp_path):
-    checkpoint = tmp_path / "pytorch_model.bin"
-    torch.save(rad.state_dict(), checkpoint)
-    out = import_rad_checkpoint(checkpoint, str(backbone_dir), tmp_path / "rm", name="rad-tiny")
-    config = json.loads((out / "reward_config.json").read_text())
+def test_imported_checkpoint_reproduces_rad_rewards_prefix_by_prefix(rad, imported, rad_rm, backbone_dir, tokenizer):
+    config = json.loads((imported / CONFIG_NAME).read_text())
     assert config["output_function"] == "clamp" and config["method"] == "full" and config["num_layers"] == 3
+    assert config["start_token_id"] is None  # RAD reads the text's own ids
     assert config["backbone"] == str(backbone_dir) and config["backbone_fingerprint"]
-    provenance = json.loads((out / PROVENANCE_NAME).read_text())
+    provenance = json.loads((imported / PROVENANCE_NAME).read_text())
     assert provenance["key_prefix"] == "model." and provenance["head_outputs"] == 1
-    rm = RewardModel.from_pretrained(out)  # checks the backbone fingerprint
-    assert_same_rewards(rad, rm, tokenizer)
+    assert_same_rewards(rad, rad_rm, tokenizer)
+    enc = rad_rm.encode(["I hate it", "a"])  # left padded, and nothing before the text
+    assert enc["input_ids"][0].tolist() == rad_ids(tokenizer, "I hate it")
+    assert enc["input_ids"][1, -1].item() == rad_ids(tokenizer, "a")[0] and enc["attention_mask"][1].sum() == 1
 
 
-def test_cached_scoring_of_an_imported_model_matches_rad(rad, backbone_dir, tokenizer, tmp_path):
-    torch.save(rad.state_dict(), tmp_path / "rm.pt")
-    rm = RewardModel.from_pretrained(import_rad_checkpoint(tmp_path / "rm.pt", str(backbone_dir), tmp_path / "rm"))
-    enc = rm.encode(["The quick", "I"])
-    cache = RewardModelScorer(rm).new_cache(enc["input_ids"], enc["attention_mask"])
-    rows = [enc["input_ids"][b][enc["attention_mask"][b].bool()].tolist() for b in range(2)]
+def test_an_empty_text_has_no_reward_without_a_start_token(rad_rm):
+    with pytest.raises(InvalidArgumentError, match="Text 1 is empty.*no start token"):
+        rad_rm.score_texts(["I hate it", ""])
+    with pytest.raises(InvalidArgumentError, match="Text 3 is empty"):
+        rad_rm.score_texts(["a", "b", "c", ""], batch_size=2)
+
+
+def test_the_parity_check_catches_a_start_token(rad, imported, tokenizer, tmp_path):
+    """What steerkit did before (issue 21): the importer kept the backbone's start token, so every text was read
+    after it, giving exactly the original's rewards *with* a start token prepended, far from RAD's. Such a directory
+    fails the parity check above, and loading one warns."""
+    old = tmp_path / "old-import"
+    shutil.copytree(imported, old)
+    config = json.loads((old / CONFIG_NAME).read_text())
+    config["start_token_id"] = tokenizer.bos_token_id  # what the importer used to write
+    (old / CONFIG_NAME).write_text(json.dumps(config))
+    with pytest.warns(SteerkitWarning, match="start token.*Re-import"):
+        old_rm = RewardModel.from_pretrained(old)
+    got = torch.tensor(old_rm.score_texts(TEXTS))
+    assert (got - rad_scores(rad, tokenizer, TEXTS)).abs().max().item() > 1e-2  # far beyond the 1e-5 tolerance
+    with_start = torch.stack([rad.rewards([tokenizer.bos_token_id] + rad_ids(tokenizer, t))[-1] for t in TEXTS])
+    assert (got - with_start).abs().max().item() <= TOL  # the issue's numbers: RAD's values with a start token
+    with pytest.raises(AssertionError):
+        assert_same_rewards(rad, old_rm, tokenizer)
+
+
+def run_session(session, rad_model, tokenizer, prompts: list[str], *, steps: int = 5, k: int = 5, seed: int = 0):
+    """Decode ``steps`` steps through a same-tokenizer session: at each step the k candidates of every row, scored
+    over the shared cached prefix, equal RAD's module on (prompt ids + committed ids + candidate) from scratch;
+    a commit keeps the chosen candidate (one step commits a token that was no candidate)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [rad_ids(tokenizer, p) if p else [] for p in prompts]
+    worst = 0.0
+    for step in range(steps):
+        cands = torch.randint(3, len(tokenizer), (len(rows), k), generator=g)
+        got = session.score(cands)
+        for b, row in enumerate(rows):
+            want = torch.stack([rad_model.rewards(row + [c])[-1] for c in cands[b].tolist()])
+            worst = max(worst, (got[b] - want).abs().max().item())
+        chosen = cands[torch.arange(len(rows)), torch.randint(0, k, (len(rows),), generator=g)]
+        if step == 2:
+            chosen[0] = next(t for t in range(3, len(tokenizer)) if t not in cands[0].tolist())  # forced
+        session.commit(chosen)
+        rows = [row + [t] for row, t in zip(rows, chosen.tolist())]
+    assert worst <= TOL, worst
+
+
+@pytest.mark.parametrize("context", ["continuation", "full"])
+def test_cached_candidate_scoring_matches_rad_from_an_empty_and_a_nonempty_text(rad, rad_rm, tokenizer, context):
+    """Decoding: continuation scoring starts from an empty text, so the first step scores each candidate token
+    alone (position 0), exactly as RAD's module reads a one-token text; "full" starts from the prompts."""
+    prompts = ["The quick", "I", "You are a wonderful"]
+    session = RewardModelScorer(rad_rm, context=context).start(prompts, tokenizer)
+    assert isinstance(session, SameTokenizerSession)
+    longest = 0 if context == "continuation" else max(len(rad_ids(tokenizer, p)) for p in prompts)
+    assert session.cache.length == longest  # no start token in the cache
+    run_session(session, rad, tokenizer, prompts if context == "full" else [""] * 3)
+
+
+def test_cached_scoring_agrees_with_from_scratch_scoring(rad_rm, tokenizer):
+    enc = rad_rm.encode(["The quick", "I"])
+    cache = RewardModelScorer(rad_rm).new_cache(enc["input_ids"], enc["attention_mask"])
+    rows = [rad_ids(tokenizer, "The quick"), rad_ids(tokenizer, "I")]
     for step in range(4):
         candidates = torch.randint(3, len(tokenizer), (2, 5, 1))
         got = cache.score_blocks(candidates)
         for b in range(2):
-            for j in range(5):
-                assert abs(rad.rewards(rows[b] + [candidates[b, j, 0].item()])[-1].item() - got[b, j].item()) <= 1e-5
+            texts = [tokenizer.decode(rows[b] + [c]) for c in candidates[b, :, 0].tolist()]
+            with torch.no_grad():
+                scratch = rad_rm(torch.tensor([rows[b] + [c] for c in candidates[b, :, 0].tolist()])).rewards[:, -1]
+            assert (got[b] - scratch).abs().max().item() <= TOL
+            if all(rad_rm.tokenizer(t, add_special_tokens=False)["input_ids"] == rows[b] + [c]
+                   for t, c in zip(texts, candidates[b, :, 0].tolist())):  # ids that round-trip through text
+                assert (got[b] - torch.tensor(rad_rm.score_texts(texts))).abs().max().item() <= TOL
         choice = torch.tensor([step % 5, (step + 2) % 5])
         cache.commit_choice(choice)
         rows = [rows[b] + [candidates[b, choice[b], 0].item()] for b in range(2)]
+
+
+def test_rows_joining_and_leaving_a_session_match_rad(rad, rad_rm, tokenizer):
+    """Continuous batching (rows leave, newcomers with empty or non-empty prompts join) over zero-length caches."""
+    from test_reward_rows import drive
+
+    def reference(prefix, ids, cands):
+        head = (rad_ids(tokenizer, prefix) if prefix else []) + ids
+        return [rad.rewards(head + [c])[-1].item() for c in cands]
+
+    joins, leaves = drive(RewardModelScorer(rad_rm, context="full"), tokenizer, reference, seed=2, steps=10)
+    assert joins >= 2 and leaves >= 1
+    drive(RewardModelScorer(rad_rm), tokenizer, lambda prefix, ids, cands: reference("", ids, cands), seed=4, steps=8)
+
+
+def test_bridged_scoring_without_a_start_token(rad, rad_rm, tokenizer):
+    """An LM of another tokenizer family: candidates are re-tokenized with the reward model's tokenizer and scored
+    as RAD scores the resulting text. A candidate that leaves the text empty (the end-of-text token at the first
+    continuation step) has no reward of its own: it gets the mean of its row's other candidates."""
+    from tiny import make_tokenizer
+
+    lm_tok = make_tokenizer(kind="metaspace")
+    session = RewardModelScorer(rad_rm).start(["", ""], lm_tok)
+    assert isinstance(session, BridgedSession) and session.cache.length == 0
+    g = torch.Generator().manual_seed(1)
+    words = [i for i in range(3 + 256, len(lm_tok)) if lm_tok.decode([i]).strip()]  # no byte tokens
+    ids: list[list[int]] = [[], []]
+    for step in range(5):
+        cands = torch.tensor([[words[int(j)] for j in torch.randint(0, len(words), (4,), generator=g)]
+                              for _ in range(2)])
+        if step == 0:
+            cands[0, 1] = lm_tok.eos_token_id  # decodes to nothing
+        got = session.score(cands)
+        for b in range(2):
+            for j, c in enumerate(cands[b].tolist()):
+                text = lm_tok.decode(ids[b] + [c], skip_special_tokens=True)
+                if not text:
+                    others = [got[b, i] for i in range(4) if i != j]
+                    assert abs(got[b, j].item() - torch.stack(others).mean().item()) <= 1e-6
+                    continue
+                want = rad_scores(rad, tokenizer, [text])[0].item()
+                assert abs(got[b, j].item() - want) <= TOL, (step, b, j, text)
+        chosen = cands[:, 0]
+        session.commit(chosen)
+        ids = [row + [t] for row, t in zip(ids, chosen.tolist())]
+
+
+def test_assessing_an_imported_model_reads_no_start_token(rad, rad_rm, tokenizer):
+    """`steerkit train --assess` (training.metrics.predict) lays texts out as the model reads them."""
+    from steerkit.training.metrics import predict
+
+    rows = [rad_ids(tokenizer, t) for t in TEXTS]
+    final, prefix = predict(rad_rm, rows, fractions=(0.5,))
+    assert (torch.tensor(final) - rad_scores(rad, tokenizer, TEXTS)).abs().max().item() <= TOL
+    for row, got in zip(rows, prefix[0.5]):
+        half = max(1, -(-len(row) // 2))  # ceil(l / 2) text tokens
+        assert abs(got - rad.rewards(row[:half])[-1].item()) <= TOL
+
+
+def test_onnx_export_of_an_imported_model_reads_no_start_token(rad, imported, tokenizer, tmp_path, monkeypatch):
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from steerkit.rewards.onnx_backend import OnnxRewardModel
+
+    monkeypatch.setenv("STEERKIT_CACHE", str(tmp_path / "cache"))
+    onnx_model = OnnxRewardModel.load(imported)
+    assert onnx_model.config.start_token_id is None and onnx_model.manifest["reward_config"]["start_token_id"] is None
+    assert_same_rewards(rad, onnx_model, tokenizer)
+    with pytest.raises(InvalidArgumentError, match="Text 0 is empty"):
+        onnx_model.score_texts([""])
+    session = RewardModelScorer(onnx_model, backend="onnx").start([""] * 2, tokenizer)
+    assert type(session.cache).__name__ == "OnnxScoringCache"
+    run_session(session, rad, tokenizer, [""] * 2, steps=4)
+
+
+def test_a_token_level_model_needs_a_start_token(rad_rm):
+    from steerkit.rewards.model import RewardModelConfig
+
+    config = rad_rm.config.model_dump()
+    with pytest.raises(ValueError, match="token-level reward model.*set start_token_id"):
+        RewardModelConfig.model_validate({**config, "kind": "token"})
+    assert RewardModelConfig.model_validate({**config, "start_token_id": 2}).start_ids == [2]
+    assert rad_rm.config.start_ids == []
 
 
 def test_safetensors_bare_layout_legacy_buffers_and_a_multi_output_head(backbone_dir, tokenizer, tmp_path):

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from serve_support import free_port, save_tiny_reward
+from serve_support import free_port, ray_temp_dir, save_tiny_reward
 
 from steerkit.cli.main import main
 from steerkit.config import SteeringConfig
@@ -32,11 +32,14 @@ RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "STEERKI
 
 @pytest.fixture(scope="module")
 def ray_env():
+    """Ray settings for every test here, and a Ray temporary directory of this module's own (short, whatever
+    $TMPDIR is; its ray_current_cluster file is this module's, not one a cluster started earlier left in /tmp)."""
     with pytest.MonkeyPatch.context() as mp:
         for key, value in RAY_ENV.items():
             mp.setenv(key, value)
         mp.delenv("RAY_ADDRESS", raising=False)
-        yield
+        with ray_temp_dir(mp):
+            yield
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +101,9 @@ def cluster(ray_env, tmp_path_factory):
     procs = []
     try:
         for name, cmd in (("head", head), ("worker", worker)):
-            log = open(logs / f"{name}.log", "wb")
-            procs.append(subprocess.Popen(cmd + common, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            with open(logs / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
+                procs.append(subprocess.Popen(cmd + common, stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
             deadline = time.monotonic() + 60
             while not node_count_is(len(procs), address):  # bounded wait for the node to join
                 if procs[-1].poll() is not None:
@@ -269,7 +273,8 @@ def test_ctrl_c_on_the_driver_leaves_a_resumable_file(cluster, models, tmp_path)
     BatchJob(settings(models), many, tmp_path / "reference.jsonl").run()
     reference = (tmp_path / "reference.jsonl").read_bytes()
     out = tmp_path / "sigint.jsonl"
-    env = {**os.environ, **RAY_ENV}
+    # a narrow width, so that the check below also proves the message is not wrapped (a long tmp path with it)
+    env = {**os.environ, **RAY_ENV, "COLUMNS": "40"}
     args = [sys.executable, "-m", "steerkit", *cli_args(models, out, "--ray", cluster, "--actors", "2")]
     # the child must start with SIGINT at its default: a process that starts with it ignored (as a child of a pytest
     # process in which an earlier in-process Ray or server test left it ignored) never raises KeyboardInterrupt
@@ -285,7 +290,10 @@ def test_ctrl_c_on_the_driver_leaves_a_resumable_file(cluster, models, tmp_path)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130 and "rerun the same command to resume" in err, err
+    assert proc.returncode == 130, err
+    # one line, whole: piped stderr is not wrapped at the console width, so a caller can match the message
+    assert any(line.startswith("interrupted: ") and line.endswith("; rerun the same command to resume.")
+               and str(out) in line for line in err.splitlines()), err
     done = out.read_text().count("\n")
     assert run_cli(cli_args(models, out)) == 0  # the same command without --ray resumes it too
     assert out.read_bytes() == reference and 2 <= done < 200

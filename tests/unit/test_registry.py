@@ -209,7 +209,7 @@ def test_allowlist_by_entry_point_or_distribution_name(fake_plugins, monkeypatch
 
     monkeypatch.setenv(registry.ENV_ALLOWLIST, "")
     registry.reset()
-    assert all(p.distribution == "steerkit" for p in registry.list_plugins())  # built-ins only
+    assert all(p.distribution == "steerkit-rad" for p in registry.list_plugins())  # built-ins only
     assert not registry.list_rewards()
 
 

@@ -92,19 +92,19 @@ def test_sigkill_then_resume_equals_uninterrupted_run(workspace):
     killed_cfg = write_config(workspace, "killed")
     marker = workspace / "hung-at"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TQDM_DISABLE": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", HANG_SCRIPT, str(killed_cfg), str(marker), "6"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 240
-        while not marker.exists():
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.time() < deadline, "training never reached step 6"
-            time.sleep(0.1)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    with subprocess.Popen([sys.executable, "-c", HANG_SCRIPT, str(killed_cfg), str(marker), "6"], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:  # closes the pipe
+        try:
+            deadline = time.monotonic() + 240
+            while not marker.exists():
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline, "training never reached step 6"
+                time.sleep(0.1)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
     assert proc.returncode == -signal.SIGKILL
     checkpoints = workspace / "killed.checkpoints"
     assert (checkpoints / "latest").read_text().strip() == "step-0000004"

@@ -11,6 +11,13 @@ import re
 
 import torch
 
+try:  # first: the steerkit Python imports must be steerkit-rad's (PyPI's 'steerkit' is another project)
+    from steerkit.provenance import check_distribution
+except ImportError as exc:  # the unrelated project's 'steerkit' package (or a mix of both), or none at all
+    raise ImportError(f"steerkit-example needs steerkit-rad, which is not what `import steerkit` finds ({exc}): "
+                      "pip uninstall steerkit, then pip install --force-reinstall --no-deps steerkit-rad") from exc
+check_distribution(needed_by="steerkit-example")  # ForeignDistributionError if another distribution shares it
+
 from steerkit import hookimpl
 
 __version__ = "0.1.0"

@@ -8,6 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+try:  # first: the steerkit Python imports must be steerkit-rad's (PyPI's 'steerkit' is another project)
+    from steerkit.provenance import check_distribution
+except ImportError as exc:  # the unrelated project's 'steerkit' package (or a mix of both), or none at all
+    raise ImportError(f"steerkit-toxicity needs steerkit-rad, which is not what `import steerkit` finds ({exc}): "
+                      "pip uninstall steerkit, then pip install --force-reinstall --no-deps steerkit-rad") from exc
+check_distribution(needed_by="steerkit-toxicity")  # ForeignDistributionError if another distribution shares it
+
 from steerkit import hookimpl
 from steerkit.rewards.packaged import describe_reward_model, reward_model_factory
 

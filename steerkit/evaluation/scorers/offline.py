@@ -25,10 +25,10 @@ from pathlib import Path
 from ...errors import PluginError
 from .base import BaseScorer, require_package
 
-TOX_BLOCK_INSTALL = 'pip install "steerkit[eval-tox-block]"  (tox-block tensorflow-cpu tf-keras)'
-PROFANITY_INSTALL = 'pip install "steerkit[eval]"  (alt-profanity-check, scikit-learn==1.9.1)'
-VADER_INSTALL = 'pip install "steerkit[eval]"  (vaderSentiment)'
-TEXTBLOB_INSTALL = 'pip install "steerkit[eval]"  (textblob)'
+TOX_BLOCK_INSTALL = 'pip install "steerkit-rad[eval-tox-block]"  (tox-block tensorflow-cpu tf-keras)'
+PROFANITY_INSTALL = 'pip install "steerkit-rad[eval]"  (alt-profanity-check, scikit-learn==1.9.1)'
+VADER_INSTALL = 'pip install "steerkit-rad[eval]"  (vaderSentiment)'
+TEXTBLOB_INSTALL = 'pip install "steerkit-rad[eval]"  (textblob)'
 
 
 # -- tox-block ---------------------------------------------------------------------------------
