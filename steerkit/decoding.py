@@ -60,6 +60,8 @@ class GenerationOutput:
 def _validate_prompts(prompts: Sequence[str]) -> list[str]:
     if isinstance(prompts, str):
         prompts = [prompts]
+    if prompts is None or isinstance(prompts, (bytes, dict)) or not hasattr(prompts, "__iter__"):
+        raise InvalidArgumentError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}.")
     prompts = list(prompts)
     if not prompts:
         raise InvalidArgumentError("No prompts given: pass at least one non-empty prompt string.")

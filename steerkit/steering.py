@@ -43,7 +43,7 @@ def validate_int(name: str, value, minimum: int | None = 1, maximum: int | None 
                  hint: str = "") -> int:
     """``value`` as a Python int: any integral (int, numpy integer, ...) but not a bool, within the bounds."""
     try:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or type(value).__name__ == "bool_":  # numpy's bool too (index() of it warns)
             raise TypeError
         number = operator.index(value)
     except TypeError:

@@ -1,0 +1,100 @@
+"""A reward-model directory's ``reward_config.json``: :class:`RewardModelConfig` (with its LoRA and token-head
+settings) and :func:`read_config`, which validates it. :mod:`steerkit.rewards.model` builds the model around it."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..errors import RewardModelFormatError, SteerkitWarning
+
+CONFIG_NAME = "reward_config.json"
+FORMAT_VERSION = 1
+
+
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    #: None: the backbone family's attention projections (q_proj/v_proj, GPT-2 c_attn, GPT-NeoX query_key_value)
+    target_modules: list[str] | None = None
+
+
+class TokenHeadSettings(BaseModel):
+    """The head of a token-level reward model (``kind: token``, :mod:`steerkit.rewards.token_model`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    #: None: W is d×d (as in rad-q's ``linear_with_baseline``); an int r: W = U·V with U d×r, V r×d
+    rank: int | None = Field(default=None, ge=1)
+    #: add the prefix baseline b·h_t (rad-q's ``prefix_baseline``)
+    baseline: bool = True
+
+
+class RewardModelConfig(BaseModel):
+    """Everything needed to rebuild a reward model around its saved weights."""
+
+    model_config = ConfigDict(extra="forbid")
+    format_version: int = FORMAT_VERSION
+    name: str = "reward"
+    attribute: str = ""  # what rho measures, e.g. "probability the text is toxic"
+    backbone: str  # model reference of the backbone (packaged name, dir, gguf, hub id)
+    backbone_fingerprint: str  # sha256 of the backbone's weights, checked on load
+    tokenizer: str | None = None  # defaults to the backbone's tokenizer
+    num_layers: int  # transformer layers kept from the backbone
+    hidden_size: int
+    vocab_size: int
+    method: Literal["head", "lora", "full"] = "head"
+    lora: LoraSettings | None = None
+    #: prepended to every text, so an empty prefix can be scored (the backbone's BOS, else its EOS). ``null``: the
+    #: model reads a text's own ids and nothing else, as the paper's reward models were trained (``steerkit import
+    #: rad`` writes it): the first scored position is the text's first token, and an empty text has no reward.
+    #: Required, so a directory always says which; ``kind: token`` needs one.
+    start_token_id: int | None
+    max_length: int = 512
+    output_function: Literal["sigmoid", "clamp"] = "sigmoid"  # rho = sigmoid(head(h)) or clamp(head(h), 0, 1)
+    #: "sequence": a scalar head read after each candidate (this module); "token": a head that scores every
+    #: next token from the prefix alone (:mod:`steerkit.rewards.token_model`, ``token_head`` its settings)
+    kind: Literal["sequence", "token"] = "sequence"
+    token_head: TokenHeadSettings | None = None
+
+    @model_validator(mode="after")
+    def _token_models_need_a_start_token(self) -> "RewardModelConfig":
+        if self.kind == "token" and self.start_token_id is None:
+            raise ValueError("start_token_id is null, but a token-level reward model (kind: token) reads the "
+                             "reward of a text's first token from the start token's position; set start_token_id.")
+        return self
+
+    @property
+    def start_ids(self) -> list[int]:
+        """The ids read before every text: ``[start_token_id]``, or ``[]`` when the model reads none."""
+        return [] if self.start_token_id is None else [self.start_token_id]
+
+
+def _warn_on_old_rad_import(directory: Path, config: RewardModelConfig) -> None:
+    """Directories written by ``steerkit import rad`` before it wrote ``start_token_id: null`` score every text
+    after a start token the paper's models never saw in training: other rewards than the original's."""
+    if config.start_token_id is not None and (directory / "rad_import.json").is_file():  # rad_import.PROVENANCE_NAME
+        warnings.warn(SteerkitWarning(
+            f"{directory} was imported from a RAD checkpoint by an older steerkit that prepends a start token the "
+            "paper's reward models never saw, so its rewards differ from the original's. Re-import it with "
+            "`steerkit import rad CHECKPOINT --backbone gpt2 --out DIR --overwrite`, or set \"start_token_id\": "
+            f"null in its {CONFIG_NAME}."), stacklevel=3)
+
+
+def read_config(directory: Path) -> RewardModelConfig:
+    path = Path(directory) / CONFIG_NAME
+    if not Path(directory).is_dir():
+        raise RewardModelFormatError(f"{directory} is not a directory; a reward model is a directory with {CONFIG_NAME}.")
+    if not path.is_file():
+        raise RewardModelFormatError(f"{directory} has no {CONFIG_NAME}; is it a steerkit reward-model directory?")
+    try:
+        config = RewardModelConfig.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValidationError as exc:
+        raise RewardModelFormatError(f"{path} is invalid: {exc}") from None
+    if config.format_version != FORMAT_VERSION:
+        raise RewardModelFormatError(f"{path} has format_version {config.format_version}; this steerkit reads {FORMAT_VERSION}.")
+    return config
