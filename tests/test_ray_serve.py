@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-ray = pytest.importorskip("ray")
+ray = pytest.importorskip("ray", reason='ray is not installed: pip install "steerkit-rad[ray]"')
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 

@@ -12,7 +12,8 @@ import shutil
 import pytest
 
 pytest.importorskip("fastapi")
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+webdriver = pytest.importorskip("selenium.webdriver",
+                                reason='selenium is not installed: pip install "steerkit-rad[browser]"')
 
 from serve_support import ServerThread, tiny_engine, tiny_parts  # noqa: E402
 
@@ -23,7 +24,7 @@ CHROMEDRIVER = shutil.which("chromedriver")
 
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
-                       reason="no headless browser: install Debian's chromium and chromium-driver packages"),
+                       reason="no headless browser: apt-get install chromium chromium-driver (Debian's packages)"),
     pytest.mark.timeout(120),
     pytest.mark.slow,
 ]
@@ -36,7 +37,8 @@ def browser(width: int = 1400, height: int = 1000):
     options = Options()
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 f"--window-size={width},{height}", "--disable-extensions", "--no-first-run"):
+                 f"--window-size={width},{height}", "--disable-extensions", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"):
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 

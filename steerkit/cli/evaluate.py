@@ -174,6 +174,7 @@ def scorers(as_json: bool = typer.Option(False, "--json")):
 def _summary(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     heads = [f"{n} " + ("max/rate" if i.get("measures") == "toxicity" else "pos") for n, i in result.get("scorers", {}).items()]
     table = Table("set", "setting", "n", "ppl", "dist-2", "tok/s", *heads)
@@ -188,7 +189,7 @@ def _summary(result: dict) -> None:
             else:
                 cells.append(f"{m['positive_rate']:.3f}")
         ppl = r.get("perplexity")
-        table.add_row(r["prompt_set"], r["setting"], str(r["num_prompts"]), f"{ppl:.2f}" if ppl else "–",
+        table.add_row(Text(r["prompt_set"]), Text(r["setting"]), str(r["num_prompts"]), f"{ppl:.2f}" if ppl else "–",
                       f"{r['dist2']:.2f}" if r.get("dist2") is not None else "–",
                       f"{r['tokens_per_second']:.1f}" if r.get("tokens_per_second") else "–", *cells)
     Console(stderr=True).print(table)

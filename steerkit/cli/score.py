@@ -9,6 +9,7 @@ from typing import List
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import InvalidArgumentError, NonFiniteRewardError
 
@@ -48,9 +49,9 @@ def score(
         return
     table = Table("reward", "text")
     for r in records:
-        table.add_row(f"{r['reward']:.4f}", r["text"])
+        table.add_row(f"{r['reward']:.4f}", Text(r["text"]))  # Text: no markup in user text
         for p in r.get("prefixes", []):
-            table.add_row(f"  {p['reward']:.4f}", f"  …{p['token']!r}")
+            table.add_row(f"  {p['reward']:.4f}", Text(f"  …{p['token']!r}"))
     Console().print(table)
 
 

@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from ..models import PACKAGED_MODELS
 from .common import message_console
@@ -167,7 +168,7 @@ def demo(
             table.add_column(name, justify="right")
         for label, out in outputs.items():
             text = out.texts[i]
-            table.add_row(label, text, *(f"{scorer([text])[0]:.2f}" for scorer in scorers.values()))
+            table.add_row(label, Text(text), *(f"{scorer([text])[0]:.2f}" for scorer in scorers.values()))
         Console().print(table)
 
 

@@ -179,3 +179,12 @@ def test_a_bug_is_reported_as_internal_error_with_exit_1(monkeypatch, capsys):
     code, _, err = run(["generate", "--prompts-file", "x.txt"], capsys)
     assert code == 1 and err.startswith("error: internal error (ZeroDivisionError: boom)")
     assert "STEERKIT_DEBUG=1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_score_table_prints_the_text_as_given(files, capsys, monkeypatch):
+    """Scored text that looks like Rich markup (a pip extra, a style tag) is printed as it is, not styled away."""
+    monkeypatch.setenv("COLUMNS", "200")
+    text = 'pip install "steerkit-rad[ray]" and [bold]this[/bold]'
+    code, out, _ = run(["score", "--reward", files["rm"], text], capsys)
+    assert code == 0
+    assert text in out

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +22,7 @@ def _declared() -> dict[str, str]:
         req = Requirement(text)
         lower = [s.version for s in req.specifier if s.operator in (">=", "==")]
         assert len(lower) == 1, f"{text}: declare one lower bound (>= or ==) so that it can be tested"
-        bounds[canonicalize_name(req.name)] = lower[0]
+        bounds[canonicalize_name(req.name)] = Version(lower[0])
     return bounds
 
 
@@ -33,7 +34,7 @@ def _pinned() -> dict[str, str]:
             req = Requirement(line)
             (spec,) = req.specifier
             assert spec.operator == "==", line
-            pins[canonicalize_name(req.name)] = spec.version
+            pins[canonicalize_name(req.name)] = Version(spec.version)
     return pins
 
 

@@ -22,7 +22,7 @@ from steerkit.config import SteeringConfig
 from steerkit.distributed.batch import BatchJob, BatchSettings, prompt_set_name
 from steerkit.errors import ClusterResourcesError, ClusterUnreachableError
 
-ray = pytest.importorskip("ray")
+ray = pytest.importorskip("ray", reason='ray is not installed: pip install "steerkit-rad[ray]"')
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["The quick", "I love", "This is", "Numbers and", "You are", "Café déjà", "The movie", "Hello there",
