@@ -76,10 +76,6 @@ def connect(address: str, *, num_cpus: int | None = None, num_gpus: int | None =
     if address == "local":
         kwargs.update(num_cpus=num_cpus, num_gpus=num_gpus)
         target = "local"
-        # Ray >= 2.5x turns token authentication on for a new local cluster and logs a warning saying so on every
-        # run; choosing that same mode explicitly keeps it (nothing else can join a cluster that is this
-        # process's own) without the warning. A user's RAY_AUTH_MODE wins.
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
     else:
         target = resolve_auto() if address == "auto" else address
         probe(target, given=address)
