@@ -127,7 +127,7 @@ def test_a_failing_reward_fails_only_its_row(lm, tokenizer, reward, mode, after)
 def test_cancel_frees_the_row_within_one_step(lm, tokenizer, reward):
     engine = make_engine(lm, tokenizer, {"slow": Slow(reward, 0.01)})
     try:
-        handle = engine.submit(RowSpec("Hello there", 200, rewards={"slow": 1.0}))
+        handle = engine.submit(RowSpec("Hello there", 200, rewards={"slow": 1.0}, seed=8))  # seeded: no early EOS by chance
         events = handle.iter_events(timeout=TIMEOUT)
         for _ in range(3):
             next(events)
@@ -152,7 +152,7 @@ def test_timeouts_of_running_and_queued_rows(lm, tokenizer, reward):
         assert res.finish.finish_reason == "timeout" and res.finish.completion_tokens == 0
         # 200 steps of >= 10 ms cannot finish in 1 s on any machine; the first token comes within the second
         # unless a single step of the tiny model takes that long
-        running = engine.submit(RowSpec("Hello", 200, rewards={"slow": 1.0}, timeout_s=1.0)).result(timeout=TIMEOUT)
+        running = engine.submit(RowSpec("Hello", 200, rewards={"slow": 1.0}, seed=7, timeout_s=1.0)).result(timeout=TIMEOUT)
     finally:
         engine.shutdown(0)
     assert running.finish.finish_reason == "timeout"
@@ -162,7 +162,8 @@ def test_timeouts_of_running_and_queued_rows(lm, tokenizer, reward):
 def test_shutdown_finishes_short_rows_and_cancels_long_ones_at_the_deadline(lm, tokenizer, reward):
     engine = make_engine(lm, tokenizer, {"slow": Slow(reward, 0.05)}, max_running=4)
     short = engine.submit_all([RowSpec("Short one", 3, seed=1), RowSpec("Short two", 4, seed=2)])
-    long = engine.submit_all([RowSpec("Long", 220, rewards={"slow": 1.0}) for _ in range(2)])
+    # seeded: an unseeded row samples from the global RNG, whatever earlier tests left, and may end early at EOS
+    long = engine.submit_all([RowSpec("Long", 220, rewards={"slow": 1.0}, seed=10 + i) for i in range(2)])
     start = time.monotonic()
     engine.shutdown(1.0)
     took = time.monotonic() - start
