@@ -76,6 +76,7 @@ def connect(address: str, *, num_cpus: int | None = None, num_gpus: int | None =
     if address == "local":
         kwargs.update(num_cpus=num_cpus, num_gpus=num_gpus)
         target = "local"
+        _quiet_token_auth_notice()
     else:
         target = resolve_auto() if address == "auto" else address
         probe(target, given=address)
@@ -87,6 +88,21 @@ def connect(address: str, *, num_cpus: int | None = None, num_gpus: int | None =
                                       "ray version matches this one and, if the cluster uses token "
                                       "authentication, that RAY_AUTH_TOKEN is set.") from None
     return Cluster(address, connected_here=True)
+
+
+class _DropTokenAuthNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
+def _quiet_token_auth_notice() -> None:
+    """Ray (2.5x) turns token authentication on for every new local cluster, the secure default steerkit keeps,
+    and logs a warning saying so on every run; that line is dropped (a cluster this process starts is its own).
+    Setting RAY_AUTH_MODE=token instead, the documented way to silence it, left the GCS server unable to start
+    here."""
+    log = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    if not any(isinstance(f, _DropTokenAuthNotice) for f in log.filters):
+        log.addFilter(_DropTokenAuthNotice())
 
 
 def resolve_auto() -> str:
