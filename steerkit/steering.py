@@ -43,8 +43,8 @@ def validate_int(name: str, value, minimum: int | None = 1, maximum: int | None 
                  hint: str = "") -> int:
     """``value`` as a Python int: any integral (int, numpy integer, ...) but not a bool, within the bounds."""
     try:
-        if isinstance(value, bool) or type(value).__name__ == "bool_":  # numpy's bool too (index() of it warns)
-            raise TypeError
+        if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
+            raise TypeError  # numpy's bool too (operator.index of it warns, then fails, in numpy 2)
         number = operator.index(value)
     except TypeError:
         number = None
