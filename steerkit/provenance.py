@@ -29,7 +29,6 @@ import importlib.metadata
 import inspect
 import itertools
 import json
-import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from typing import Iterable
 from urllib.parse import unquote, urlparse
 
 from .errors import ForeignDistributionError
+from .plugin_conflicts import norm
 
 #: The name this project is distributed as (``pip show steerkit-rad``).
 DISTRIBUTION = "steerkit-rad"
@@ -63,11 +63,6 @@ class ForeignDistribution:
         return f"the distribution {self.name!r} ({where}) ships files inside the 'steerkit' import package"
 
 
-def canonical(name: str) -> str:
-    """A distribution name as PEP 503 compares them (``Steerkit_RAD`` == ``steerkit-rad``)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def foreign_distributions(path: Iterable[str | Path] | None = None) -> list[ForeignDistribution]:
     """The distributions on ``path`` (default ``sys.path``) that are not steerkit-rad but are named ``steerkit``
     or ship files inside the ``steerkit`` import package; empty when steerkit-rad has the package to itself."""
@@ -83,7 +78,7 @@ def foreign_distributions(path: Iterable[str | Path] | None = None) -> list[Fore
             name = dist.metadata.get("Name") or ""
         except Exception:  # noqa: BLE001 - unreadable metadata: nothing to judge it by
             continue
-        key = canonical(name)
+        key = norm(name)  # PEP 503: Steerkit_RAD == steerkit-rad
         if not name or key == DISTRIBUTION:
             continue
         location = _location(dist)

@@ -16,6 +16,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
+import numpy as np
 import torch
 
 from .errors import InvalidArgumentError, NonFiniteRewardError, SteerkitError, SteerkitWarning
@@ -43,8 +44,8 @@ def validate_int(name: str, value, minimum: int | None = 1, maximum: int | None 
                  hint: str = "") -> int:
     """``value`` as a Python int: any integral (int, numpy integer, ...) but not a bool, within the bounds."""
     try:
-        if isinstance(value, bool) or (type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_")):
-            raise TypeError  # numpy's bool too (operator.index of it warns, then fails, in numpy 2)
+        if isinstance(value, (bool, np.bool_)):  # numpy's too: operator.index of it warns, then fails (numpy 2)
+            raise TypeError
         number = operator.index(value)
     except TypeError:
         number = None

@@ -29,8 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         _check_utf8(args)
         command = typer.main.get_command(build_app(plugins=True))
-        _hide_flag_metavars(command)
-        _plain_help(command)
+        _prepare_help(command)
         code = command.main(args=args, prog_name="steerkit", standalone_mode=False)
     except SteerkitError as exc:
         _fail(str(exc))
@@ -103,28 +102,22 @@ def _check_utf8(args: list[str]) -> None:
                 "pass UTF-8 text (check the terminal's locale or the file the argument came from).") from None
 
 
-def _hide_flag_metavars(command) -> None:
-    """Show boolean flags as ``--greedy``, not ``--greedy <bool>``, in every command's --help."""
-    for param in command.params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""
-    for sub in getattr(command, "commands", {}).values():
-        _hide_flag_metavars(sub)
+def _prepare_help(command) -> None:
+    """Every command's --help (plugins' commands included), as a user should read it:
 
-
-def _plain_help(command) -> None:
-    """Help texts are plain text: escape what Rich would take for markup when typer renders ``--help``.
-
-    ``Needs pip install "steerkit-rad[ray]"`` printed as ``Needs pip install "steerkit-rad"``: Rich read ``[ray]``
-    as a style tag and dropped it. Every command's and parameter's help is escaped here, plugins' commands
-    included; a ``\\[`` written by hand to get past Rich is unescaped first, so it is not escaped twice.
+    * boolean flags show as ``--greedy``, not ``--greedy <bool>``;
+    * help texts are plain text: ``Needs pip install "steerkit-rad[ray]"`` printed as ``Needs pip install
+      "steerkit-rad"`` because Rich read ``[ray]`` as a style tag and dropped it, so they are escaped; a ``\\[``
+      written by hand to get past Rich is unescaped first, so it is not escaped twice.
     """
     for attr in ("help", "short_help", "epilog"):
         text = getattr(command, attr, None)
         if isinstance(text, str):
             setattr(command, attr, escape(text.replace("\\[", "[")))
     for param in command.params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
         if isinstance(getattr(param, "help", None), str):
             param.help = escape(param.help.replace("\\[", "["))
     for sub in getattr(command, "commands", {}).values():
-        _plain_help(sub)
+        _prepare_help(sub)

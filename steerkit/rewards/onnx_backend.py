@@ -255,20 +255,19 @@ class OnnxScoringCache(SharedPrefixCache):
 
 
 def score_from_scratch(encode, texts: list[str], batch_size: int, per_prefix: bool, rewards, *,
-                       config: RewardModelConfig | None = None):
+                       config: RewardModelConfig):
     """``score_texts`` of an ONNX reward model: one prefill per batch of ``batch_size`` texts, zero-length past.
 
     ``encode(texts)`` gives ``input_ids`` and ``attention_mask`` [B, n]; ``rewards(ids, positions, mask4d, mask)``
     gives the reward at every position [B, n] (``mask4d`` the additive 4D mask, ``mask`` the bool [B, n] one).
     Returns the final reward of each text, and with ``per_prefix`` also each text's prefix rewards (those after
-    the start token; ``config`` says whether the model reads one, default yes).
+    the start token, where ``config`` has one).
     """
     finals, prefixes = [], []
-    skip = 1 if config is None else len(config.start_ids)
+    skip = len(config.start_ids)
     for i in range(0, len(texts), batch_size):
         enc = encode(texts[i:i + batch_size])
-        if config is not None:
-            refuse_empty_rows(config, enc["attention_mask"], first_index=i)
+        refuse_empty_rows(config, enc["attention_mask"], first_index=i)
         mask = enc["attention_mask"].bool()
         positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
         allowed = append_mask_4d(torch.zeros((mask.shape[0], 0), dtype=torch.bool), mask)

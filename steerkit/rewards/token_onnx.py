@@ -187,4 +187,4 @@ class OnnxTokenModel:
             return self.output(realized_logits(query, offset, self.output_embeddings, ids, mask.long(),
                                                self.textless_ids))
 
-        return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards)
+        return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards, config=self.config)
