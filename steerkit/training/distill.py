@@ -21,15 +21,15 @@ from pathlib import Path
 import torch
 
 from ..devices import resolve_device
-from ..errors import CheckpointError, ConfigError
+from ..errors import ConfigError
 from ..threads import set_threads
-from .checkpoint import (clean_interrupted_writes, load_checkpoint, optimizer_from_tensors, remove_checkpoints,
-                         save_checkpoint)
+from .checkpoint import remove_checkpoints
 from .data import collate, tokenize
 from .distill_data import agreement, candidate_predictions, load_or_sample
 from .loss import LOSSES
 from .metrics import final_metrics
 from .output import prepare_run_dirs, write_output
+from .run_state import Checkpointer, RunState
 from .runtime import StopRequest, hardware, log
 from .update import apply_update
 
@@ -43,7 +43,6 @@ def train_distilled(config, *, resume: bool, overwrite: bool, progress: bool, ca
     set_threads(config.threads)
     device = resolve_device(config.device)
     dataset = config.read_dataset()
-    data_hashes = dataset.file_hashes
     output, ckpt_dir = Path(config.output_dir), config.checkpoint_path
     created_ckpt_dir = prepare_run_dirs(output, ckpt_dir, resume=resume, overwrite=overwrite)
 
@@ -57,80 +56,23 @@ def train_distilled(config, *, resume: bool, overwrite: bool, progress: bool, ca
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     optimizer = torch.optim.AdamW(list(params.values()), lr=config.learning_rate, weight_decay=config.weight_decay,
                                   foreach=False)
-    label_weight = config.distill.label_weight
     label_rows = tokenize(tok, [e.text[: 32 * config.max_length] for e in dataset.train], config.max_length)
     per_epoch = max(1, math.ceil(len(train_rows) / config.batch_size))
     total = config.steps or max(1, math.ceil(config.epochs * per_epoch))
-    warmup = int(round(config.warmup_fraction * total))
-    fingerprint = config.run_fingerprint()
-    step, history, elapsed_before, running, resumed_from = 0, [], 0.0, None, None
+    checkpoints = Checkpointer(ckpt_dir, params, optimizer, config.run_fingerprint(), dataset.file_hashes, total,
+                               config.keep_checkpoints, created_ckpt_dir,
+                               callbacks.on_checkpoint if callbacks is not None else None)
+    state = RunState()
     if resume:
-        clean_interrupted_writes(ckpt_dir)
-        ckpt = load_checkpoint(ckpt_dir)
-        if ckpt.state.get("fingerprint") != fingerprint or ckpt.state.get("data_sha256") != data_hashes:
-            raise CheckpointError(f"{ckpt.path} belongs to a different run (configuration or data changed). "
-                                  "Restore them, or start again with --overwrite.")
-        with torch.no_grad():
-            for name, p in params.items():
-                p.copy_(ckpt.trainable[name])
-        torch.set_rng_state(ckpt.optimizer_tensors.pop("rng.torch"))
-        optimizer_from_tensors(optimizer, ckpt.optimizer_tensors, ckpt.state["optimizer_param_groups"])
-        step, history = ckpt.state["step"], ckpt.state.get("history", [])
-        elapsed_before, running = ckpt.state.get("train_seconds", 0.0), ckpt.state.get("running_loss")
-        created_ckpt_dir = bool(ckpt.state.get("created_checkpoint_dir", config.checkpoint_dir is None))
-        resumed_from = ckpt.path.name
-        log(f"resuming from {ckpt.path} (step {step}/{total})")
+        state = checkpoints.restore(default_created=config.checkpoint_dir is None)
+        log(f"resuming from {ckpt_dir / state.resumed_from} (step {state.step}/{total})")
     log(f"distilling {config.distill.teacher!r} into {config.name!r}: {len(train_rows)} train / {len(held)} held-out "
         f"samples, {total} steps, {sum(p.numel() for p in params.values()):,} trainable parameters")
 
-    def checkpoint(at_step: int, seconds: float) -> Path:
-        path = save_checkpoint(ckpt_dir, at_step, {n: p.detach() for n, p in params.items()}, optimizer,
-                               {"fingerprint": fingerprint, "data_sha256": data_hashes, "history": history,
-                                "train_seconds": seconds, "total_steps": total, "running_loss": running,
-                                "created_checkpoint_dir": created_ckpt_dir}, keep=config.keep_checkpoints)
-        if callbacks is not None and callbacks.on_checkpoint:
-            callbacks.on_checkpoint(at_step, path)
-        return path
-
-    model.train()
     loop_start = time.perf_counter()
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    with StopRequest() as stop:
-        while step < total:
-            epoch, index = divmod(step, per_epoch)
-            perm = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(config.seed * 1009 + epoch))
-            part = train_rows.rows(perm[index * config.batch_size:(index + 1) * config.batch_size])
-            pred = candidate_predictions(model, part)
-            valid = part.valid.to(device)[..., None].expand_as(pred)
-            loss = ((pred - part.rho.to(device)) ** 2)[valid].mean()
-            if label_weight:
-                g = torch.Generator().manual_seed(config.seed * 7 + step)
-                idx = torch.randint(0, len(label_rows), (config.batch_size,), generator=g).tolist()
-                batch = {k: v.to(device) for k, v in collate([label_rows[i] for i in idx],
-                                                             model.config.start_token_id, pad).items()}
-                targets = torch.tensor([dataset.train[i].label for i in idx], dtype=torch.float32, device=device)
-                rewards = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                                position_ids=batch["position_ids"]).rewards
-                loss = loss + label_weight * LOSSES[config.loss](rewards, targets, batch["attention_mask"])
-            if not torch.isfinite(loss):
-                raise ConfigError(f"Loss became {loss.item()} at step {step + 1}; lower the learning rate.")
-            apply_update(loss, optimizer, list(params.values()), config.grad_clip,
-                         schedule(step, total, config.learning_rate, warmup))
-            step += 1
-            value = float(loss.detach())
-            running = value if running is None else 0.98 * running + 0.02 * value
-            if step % 50 == 0 or step == total:
-                history.append({"step": step, "loss": round(running, 6)})
-                if progress:
-                    log(f"step {step}/{total}: loss {running:.5f}")
-            if callbacks is not None and callbacks.on_step:
-                callbacks.on_step(step, value)
-            if step % config.checkpoint_every == 0 and step < total:
-                checkpoint(step, elapsed_before + time.perf_counter() - loop_start)
-            if stop.requested:
-                path = checkpoint(step, elapsed_before + time.perf_counter() - loop_start)
-                raise KeyboardInterrupt(f"stopped at step {step}; checkpoint in {path}; continue with --resume")
-    train_seconds = elapsed_before + time.perf_counter() - loop_start
+    _distill_steps(model, dataset, train_rows, label_rows, per_epoch, config, state, total, optimizer, checkpoints,
+                   callbacks, schedule, progress, device)
+    train_seconds = state.elapsed_before + time.perf_counter() - loop_start
     eval_start = time.perf_counter()
     run = lambda examples, n: tokenize(tok, [e.text[: 32 * n] for e in examples], n)  # noqa: E731
     metrics = final_metrics(model, dataset, run(dataset.dev, config.max_length),
@@ -139,22 +81,76 @@ def train_distilled(config, *, resume: bool, overwrite: bool, progress: bool, ca
                                "held_out": agreement(model, held) if len(held) else None,
                                "settings": config.distill.model_dump(mode="json")}
     model.to("cpu")
+    label_weight = config.distill.label_weight
     metrics["training"] = {
         "steps": total, "batch_size": config.batch_size, "train_seconds": round(train_seconds, 1),
-        "eval_seconds": round(time.perf_counter() - eval_start, 1), "resumed_from": resumed_from,
+        "eval_seconds": round(time.perf_counter() - eval_start, 1), "resumed_from": state.resumed_from,
         "hardware": hardware(device), "method": config.method, "num_layers": model.config.num_layers,
         "trainable_parameters": sum(p.numel() for p in params.values()), "loss": "distillation (MSE on top-k)"
         + (f" + {label_weight} x {config.loss}" if label_weight else ""), "max_length": config.max_length,
         "lr": config.learning_rate, "seed": config.seed}
     metrics["data"] = [vars(s) for s in dataset.stats]
     metrics["eval_data"] = [vars(s) for _, _, s in dataset.eval_sets]
-    metrics["history"] = history
+    metrics["history"] = state.history
     written = write_output(model, config, metrics, overwrite=overwrite)
     if not config.keep_checkpoint_dir:
         remove_checkpoints(ckpt_dir, remove_dir=False)
         for name in ("distill-samples.safetensors", "distill-samples.json"):
             (ckpt_dir / name).unlink(missing_ok=True)
-        if created_ckpt_dir:
+        if checkpoints.created_dir:
             remove_checkpoints(ckpt_dir, remove_dir=True)
     log(f"wrote {written} ({train_seconds:.0f} s training)")
     return written, metrics, total, train_seconds
+
+
+def _distill_steps(model, dataset, train_rows, label_rows, per_epoch, config, state: RunState, total, optimizer,
+                   checkpoints: Checkpointer, callbacks, schedule, progress, device) -> None:
+    """The optimizer steps from ``state.step`` to ``total``: each fits a batch of sampled steps' candidates to the
+    teacher's rewards (plus the label loss when ``distill.label_weight``), with periodic checkpoints and one
+    before stopping on Ctrl-C."""
+    params = list(checkpoints.params.values())
+    warmup = int(round(config.warmup_fraction * total))
+    model.train()
+    loop_start = time.perf_counter()
+    with StopRequest() as stop:
+        while state.step < total:
+            step = state.step
+            epoch, index = divmod(step, per_epoch)
+            perm = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(config.seed * 1009 + epoch))
+            part = train_rows.rows(perm[index * config.batch_size:(index + 1) * config.batch_size])
+            loss = _distill_loss(model, part, dataset, label_rows, config, step, device)
+            if not torch.isfinite(loss):
+                raise ConfigError(f"Loss became {loss.item()} at step {step + 1}; lower the learning rate.")
+            apply_update(loss, optimizer, params, config.grad_clip, schedule(step, total, config.learning_rate, warmup))
+            state.step += 1
+            value = float(loss.detach())
+            if state.record_loss(value, total) and progress:
+                log(f"step {state.step}/{total}: loss {state.running:.5f}")
+            if callbacks is not None and callbacks.on_step:
+                callbacks.on_step(state.step, value)
+            if state.step % config.checkpoint_every == 0 and state.step < total:
+                checkpoints.save(state, state.elapsed_before + time.perf_counter() - loop_start)
+            if stop.requested:
+                path = checkpoints.save(state, state.elapsed_before + time.perf_counter() - loop_start)
+                raise KeyboardInterrupt(f"stopped at step {state.step}; checkpoint in {path}; continue with --resume")
+
+
+def _distill_loss(model, part, dataset, label_rows, config, step: int, device) -> torch.Tensor:
+    """MSE between the student's and the teacher's rewards of the batch's candidates, plus ``label_weight`` times
+    the label loss on a seeded batch of training texts."""
+    pred = candidate_predictions(model, part)
+    valid = part.valid.to(device)[..., None].expand_as(pred)
+    loss = ((pred - part.rho.to(device)) ** 2)[valid].mean()
+    label_weight = config.distill.label_weight
+    if label_weight:
+        tok = model.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        g = torch.Generator().manual_seed(config.seed * 7 + step)
+        idx = torch.randint(0, len(label_rows), (config.batch_size,), generator=g).tolist()
+        batch = {k: v.to(device) for k, v in collate([label_rows[i] for i in idx],
+                                                     model.config.start_token_id, pad).items()}
+        targets = torch.tensor([dataset.train[i].label for i in idx], dtype=torch.float32, device=device)
+        rewards = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                        position_ids=batch["position_ids"]).rewards
+        loss = loss + label_weight * LOSSES[config.loss](rewards, targets, batch["attention_mask"])
+    return loss

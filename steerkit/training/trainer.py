@@ -19,8 +19,6 @@ is then empty.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import random
 import sys
@@ -34,16 +32,16 @@ import torch
 
 from ..devices import resolve_device
 from ..threads import set_threads
-from ..errors import CheckpointError, ConfigError, RewardModelFormatError
+from ..errors import ConfigError, RewardModelFormatError
 from ..rewards.model import RewardModel, lora_config, resolve_lora
-from .checkpoint import (LATEST_NAME, STATE_NAME, clean_interrupted_writes, load_checkpoint, optimizer_from_tensors,
-                         remove_checkpoints, save_checkpoint)
+from .checkpoint import remove_checkpoints
 from .augment import augment
 from .config import TrainConfig
 from .data import Dataset, collate, epoch_indices, length_grouped_batches, tokenize
 from .loss import LOSSES
 from .output import prepare_run_dirs, write_output
 from .metrics import final_metrics, predict, summarise
+from .run_state import Checkpointer, RunState, state_flag
 from .runtime import StopRequest, hardware, log
 from .update import apply_update
 
@@ -152,27 +150,11 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
     set_threads(config.threads)  # None: steerkit's default (see steerkit.threads)
     device = resolve_device(config.device)  # a wrong --device fails before any data is read
     started = time.perf_counter()
-    dataset = config.read_dataset()
-    sources = dataset.sources
-    added, copies, lexicon = augment(dataset.train, [(s.display_name, s.metrics_name) for s in sources],
-                                     config.augment, config.seed, [s.path for s in sources])
-    dataset.train.extend(added)  # training split only: dev and test rows are never augmented
-    for index, count in copies.items():
-        dataset.stats[index].augmented = count
-    data_hashes = dataset.file_hashes
-    if not dataset.dev and not dataset.eval_sets:
-        # Only reachable with dev_fraction 0 (build_dataset raises when a dev split is asked for and impossible).
-        # A warning, not an error: training on every row and evaluating elsewhere (`steerkit eval`) is legitimate,
-        # but the user should know that metrics.json and the card will hold no measurement of the model.
-        message = ("dev_fraction is 0 and no eval set is given: nothing measures the trained model, so metrics.json "
-                   "and the model card will have no dev or test metrics. Set dev_fraction > 0 or add --eval FILE.")
-        warnings.warn(message, UserWarning, stacklevel=2)
-    output = Path(config.output_dir)
+    dataset, augmented = read_training_data(config)
     ckpt_dir = config.checkpoint_path
-    # whether this run owns the checkpoint directory (then removes it once empty); a resumed run inherits it
     created_ckpt_dir = prepare_run_dirs(
-        output, ckpt_dir, resume=resume, overwrite=overwrite,
-        inherited_owner=lambda: _state_flag(ckpt_dir, "created_checkpoint_dir", default=config.checkpoint_dir is None))
+        Path(config.output_dir), ckpt_dir, resume=resume, overwrite=overwrite,
+        inherited_owner=lambda: state_flag(ckpt_dir, "created_checkpoint_dir", default=config.checkpoint_dir is None))
 
     model = build_model(config).to(device)
     tokens = tokenize_dataset(model, dataset, config)
@@ -181,124 +163,24 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         raise ConfigError("Nothing to train: every parameter is frozen.")
     optimizer = torch.optim.AdamW(list(params.values()), lr=config.learning_rate,
                                   weight_decay=config.weight_decay, foreach=False)
-    loss_fn = LOSSES[config.loss]
-    tok = model.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    start_id = model.config.start_token_id
-
-    weights = [s.weight for s in sources]
-    lengths = [len(r) for r in tokens.train]
-    batches_per_epoch = len(length_grouped_batches(epoch_indices(dataset.train, weights, config.seed, 0), lengths,
-                                                   config.batch_size, config.seed, 0))
-    total = config.steps or max(1, math.ceil(config.epochs * batches_per_epoch))
-    warmup = int(round(config.warmup_fraction * total))
-    fingerprint = config.run_fingerprint()
-
-    step, history, elapsed_before, running = 0, [], 0.0, None
-    resumed_from = None
+    plan = _BatchPlan(dataset, tokens, config)
+    total = config.steps or max(1, math.ceil(config.epochs * plan.per_epoch))
+    checkpoints = Checkpointer(ckpt_dir, params, optimizer, config.run_fingerprint(), dataset.file_hashes, total,
+                               config.keep_checkpoints, created_ckpt_dir, callbacks.on_checkpoint)
+    state = RunState()
     if resume:
-        for leftover in clean_interrupted_writes(ckpt_dir):  # killed checkpoint writes would pile up otherwise
-            log(f"removed {leftover} (left by an interrupted checkpoint write)")
-        ckpt = load_checkpoint(ckpt_dir)
-        state = ckpt.state
-        if state.get("fingerprint") != fingerprint:
-            raise CheckpointError(f"{ckpt.path} belongs to a different run (the configuration changed since it was "
-                                  "written). Restore the original settings, or start again with --overwrite.")
-        if state.get("data_sha256") != data_hashes:
-            changed = [p for p in data_hashes if state.get("data_sha256", {}).get(p) != data_hashes[p]]
-            raise CheckpointError(f"{ckpt.path}: data files changed since the checkpoint ({', '.join(changed)}). "
-                                  "Restore them, or start again with --overwrite.")
-        if set(ckpt.trainable) != set(params):
-            raise CheckpointError(f"{ckpt.path} does not match the model's trainable parameters.")
-        with torch.no_grad():
-            for name, p in params.items():
-                p.copy_(ckpt.trainable[name])
-        rng = ckpt.optimizer_tensors.pop("rng.torch")
-        optimizer_from_tensors(optimizer, ckpt.optimizer_tensors, state["optimizer_param_groups"])
-        torch.set_rng_state(rng)
-        step, history, elapsed_before = state["step"], state.get("history", []), state.get("train_seconds", 0.0)
-        # the loss moving average goes on where it stopped, so the history equals an uninterrupted run's
-        running = state.get("running_loss")
-        # (checkpoints written before this was recorded: the default OUTPUT.checkpoints is the run's own)
-        created_ckpt_dir = bool(state.get("created_checkpoint_dir", config.checkpoint_dir is None))
-        resumed_from = ckpt.path.name
-        log(f"resuming from {ckpt.path} (step {step}/{total})")
+        state = checkpoints.restore(default_created=config.checkpoint_dir is None)
+        log(f"resuming from {ckpt_dir / state.resumed_from} (step {state.step}/{total})")
 
-    dev_rng = random.Random(f"{config.seed}:dev-monitor")
-    monitor = sorted(dev_rng.sample(range(len(tokens.dev)), min(config.eval_limit, len(tokens.dev))))
-
-    def dev_metrics(indices):
-        final, prefix = predict(model, [tokens.dev[i] for i in indices], batch_size=config.eval_batch_size)
-        return summarise(final, [dataset.dev[i].label for i in indices], prefix)
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total, initial=step, desc=f"train {config.name}", unit="step", dynamic_ncols=True,
-                   file=sys.stderr, mininterval=0.2 if sys.stderr.isatty() else 10.0)  # logs stay small
+    bar = _progress_bar(config, total, state.step) if progress else None
     log(f"{len(dataset.train)} train / {len(dataset.dev)} dev examples from {len(config.data)} source(s), "
-         f"{batches_per_epoch} steps per epoch, {total} steps, method {config.method}, "
-         f"{model.config.num_layers} layers, {sum(p.numel() for p in params.values()):,} trainable parameters", bar)
-
-    def checkpoint(at_step: int, seconds: float) -> Path:
-        path = save_checkpoint(ckpt_dir, at_step, {n: p.detach() for n, p in params.items()}, optimizer,
-                               {"fingerprint": fingerprint, "data_sha256": data_hashes, "history": history,
-                                "train_seconds": seconds, "total_steps": total, "running_loss": running,
-                                "created_checkpoint_dir": created_ckpt_dir}, keep=config.keep_checkpoints)
-        if callbacks.on_checkpoint:
-            callbacks.on_checkpoint(at_step, path)
-        return path
-
-    model.train()
+        f"{plan.per_epoch} steps per epoch, {total} steps, method {config.method}, "
+        f"{model.config.num_layers} layers, {sum(p.numel() for p in params.values()):,} trainable parameters", bar)
     loop_start = time.perf_counter()
-    examples_seen = 0
-    plan_epoch, plan = -1, []
-    with StopRequest() as stop:
-        while step < total:
-            epoch, index = divmod(step, batches_per_epoch)
-            if epoch != plan_epoch:
-                order = epoch_indices(dataset.train, weights, config.seed, epoch)
-                plan, plan_epoch = length_grouped_batches(order, lengths, config.batch_size, config.seed, epoch), epoch
-            batch_idx = plan[index]
-            batch = {k: v.to(device) for k, v in collate([tokens.train[i] for i in batch_idx], start_id, pad).items()}
-            targets = torch.tensor([dataset.train[i].label for i in batch_idx], dtype=torch.float32, device=device)
-            rewards = model(batch["input_ids"], attention_mask=batch["attention_mask"],
-                            position_ids=batch["position_ids"]).rewards
-            loss = loss_fn(rewards, targets, batch["attention_mask"])
-            if not torch.isfinite(loss):
-                path = checkpoint(step, elapsed_before + time.perf_counter() - loop_start) if step else None
-                raise ConfigError(f"Loss became {loss.item()} at step {step + 1}; lower the learning rate. "
-                                      + (f"Last good state saved in {path}." if path else ""))
-            apply_update(loss, optimizer, list(params.values()), config.grad_clip,
-                         learning_rate(step, total, config.learning_rate, warmup))
-            step += 1
-            examples_seen += len(batch_idx)
-            value = float(loss.detach())
-            running = value if running is None else 0.98 * running + 0.02 * value
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{running:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.1e}")
-            if step % 50 == 0 or step == total:
-                history.append({"step": step, "loss": round(running, 6)})
-            if callbacks.on_step:
-                callbacks.on_step(step, value)
-            if step % config.eval_every == 0 and step < total and monitor:
-                m = dev_metrics(monitor)
-                history.append({"step": step, "dev": {k: m[k] for k in ("mse", "auroc", "accuracy")}})
-                log(f"step {step}: dev mse {m['mse']:.4f}  auroc {_fmt(m['auroc'])}  acc {m['accuracy']:.3f}  "
-                     f"acc@50% {m['accuracy_at_50pct']:.3f}  (n={m['n']})", bar)
-            if step % config.checkpoint_every == 0 and step < total:
-                checkpoint(step, elapsed_before + time.perf_counter() - loop_start)
-            if stop.requested:
-                path = checkpoint(step, elapsed_before + time.perf_counter() - loop_start)
-                if bar is not None:
-                    bar.close()
-                raise KeyboardInterrupt(f"stopped at step {step}; checkpoint in {path}; continue with --resume")
-    if bar is not None:
-        bar.close()
+    examples_seen = _train_steps(model, dataset, tokens, plan, config, state, total, optimizer, checkpoints,
+                                 callbacks, bar, device)
     loop_seconds = time.perf_counter() - loop_start
-    train_seconds = elapsed_before + loop_seconds
+    train_seconds = state.elapsed_before + loop_seconds
 
     eval_start = time.perf_counter()
     metrics = final_metrics(model, dataset, tokens.dev, tokens.eval_sets, config)
@@ -309,31 +191,142 @@ def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False,
         "train_seconds": round(train_seconds, 1), "eval_seconds": round(eval_seconds, 1),
         "examples_per_second": round(examples_seen / max(loop_seconds, 1e-9), 2) if examples_seen else None,
         "wall_seconds_this_process": round(time.perf_counter() - started, 1),
-        "resumed_from": resumed_from, "hardware": hardware(device), "method": config.method,
+        "resumed_from": state.resumed_from, "hardware": hardware(device), "method": config.method,
         "num_layers": model.config.num_layers, "trainable_parameters": sum(p.numel() for p in params.values()),
         "loss": config.loss, "max_length": config.max_length, "lr": config.learning_rate, "seed": config.seed,
     }
-    metrics["data"] = [vars(s) for s in dataset.stats]
-    metrics["eval_data"] = [vars(s) for _, _, s in dataset.eval_sets]
-    metrics["removed_eval_overlap"] = dataset.removed_overlap
-    metrics["augmentation"] = {"views": [v.model_dump() for v in config.augment.views], "copies": len(added),
-                               "obfuscation_lexicon_size": len(lexicon), "obfuscation_lexicon_sample": lexicon[:40]}
-    metrics["left_out"] = list(config.leave_out)
-    metrics["history"] = history
+    metrics.update(_data_metrics(dataset, config, augmented, state.history))
     output = write_output(model, config, metrics, overwrite=overwrite)
     if not config.keep_checkpoint_dir:
-        remove_checkpoints(ckpt_dir, remove_dir=created_ckpt_dir)
+        remove_checkpoints(ckpt_dir, remove_dir=checkpoints.created_dir)
     log(f"wrote {output} ({train_seconds:.0f} s training, {eval_seconds:.0f} s evaluation)")
     return TrainResult(output, metrics, total, train_seconds)
 
 
+def read_training_data(config: TrainConfig) -> tuple[Dataset, tuple[list, list[str]]]:
+    """The configured data, its training split augmented (dev and test rows never are); ``(added rows,
+    obfuscation lexicon)`` for metrics.json. Warns when nothing will measure the trained model."""
+    dataset = config.read_dataset()
+    sources = dataset.sources
+    added, copies, lexicon = augment(dataset.train, [(s.display_name, s.metrics_name) for s in sources],
+                                     config.augment, config.seed, [s.path for s in sources])
+    dataset.train.extend(added)
+    for index, count in copies.items():
+        dataset.stats[index].augmented = count
+    if not dataset.dev and not dataset.eval_sets:
+        # Only reachable with dev_fraction 0 (build_dataset raises when a dev split is asked for and impossible).
+        # A warning, not an error: training on every row and evaluating elsewhere (`steerkit eval`) is legitimate,
+        # but the user should know that metrics.json and the card will hold no measurement of the model.
+        message = ("dev_fraction is 0 and no eval set is given: nothing measures the trained model, so metrics.json "
+                   "and the model card will have no dev or test metrics. Set dev_fraction > 0 or add --eval FILE.")
+        warnings.warn(message, UserWarning, stacklevel=3)
+    return dataset, (added, lexicon)
+
+
+class _BatchPlan:
+    """Which training rows make up step ``s``: a pure function of the seed and the step (so a resumed run sees
+    the same batches), length-grouped within each weighted epoch; one epoch's plan is kept at a time."""
+
+    def __init__(self, dataset: Dataset, tokens: _Tokenized, config: TrainConfig):
+        self.dataset, self.config = dataset, config
+        self.weights = [s.weight for s in dataset.sources]
+        self.lengths = [len(r) for r in tokens.train]
+        self.per_epoch = len(self._epoch(0))
+        self._cached = (-1, [])
+
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        order = epoch_indices(self.dataset.train, self.weights, self.config.seed, epoch)
+        return length_grouped_batches(order, self.lengths, self.config.batch_size, self.config.seed, epoch)
+
+    def batch(self, step: int) -> list[int]:
+        epoch, index = divmod(step, self.per_epoch)
+        if epoch != self._cached[0]:
+            self._cached = (epoch, self._epoch(epoch))
+        return self._cached[1][index]
+
+
+def _progress_bar(config: TrainConfig, total: int, initial: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=f"train {config.name}", unit="step", dynamic_ncols=True,
+                file=sys.stderr, mininterval=0.2 if sys.stderr.isatty() else 10.0)  # logs stay small
+
+
+def _train_steps(model, dataset, tokens, plan, config, state: RunState, total, optimizer, checkpoints, callbacks,
+                 bar, device) -> int:
+    """The optimizer steps from ``state.step`` to ``total``, with dev monitoring, periodic checkpoints, and a
+    checkpoint before stopping on Ctrl-C or a non-finite loss. Returns the examples seen."""
+    params = list(checkpoints.params.values())
+    loss_fn = LOSSES[config.loss]
+    tok = model.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    warmup = int(round(config.warmup_fraction * total))
+    dev_rng = random.Random(f"{config.seed}:dev-monitor")
+    monitor = sorted(dev_rng.sample(range(len(tokens.dev)), min(config.eval_limit, len(tokens.dev))))
+    model.train()
+    loop_start = time.perf_counter()
+    seconds = lambda: state.elapsed_before + time.perf_counter() - loop_start  # noqa: E731
+    examples_seen = 0
+    with StopRequest() as stop:
+        while state.step < total:
+            batch_idx = plan.batch(state.step)
+            batch = {k: v.to(device) for k, v in collate([tokens.train[i] for i in batch_idx],
+                                                         model.config.start_token_id, pad).items()}
+            targets = torch.tensor([dataset.train[i].label for i in batch_idx], dtype=torch.float32, device=device)
+            rewards = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                            position_ids=batch["position_ids"]).rewards
+            loss = loss_fn(rewards, targets, batch["attention_mask"])
+            if not torch.isfinite(loss):
+                path = checkpoints.save(state, seconds()) if state.step else None
+                raise ConfigError(f"Loss became {loss.item()} at step {state.step + 1}; lower the learning rate. "
+                                  + (f"Last good state saved in {path}." if path else ""))
+            apply_update(loss, optimizer, params, config.grad_clip,
+                         learning_rate(state.step, total, config.learning_rate, warmup))
+            state.step += 1
+            examples_seen += len(batch_idx)
+            value = float(loss.detach())
+            state.record_loss(value, total)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{state.running:.4f}", lr=f"{optimizer.param_groups[0]['lr']:.1e}")
+            if callbacks.on_step:
+                callbacks.on_step(state.step, value)
+            if state.step % config.eval_every == 0 and state.step < total and monitor:
+                _monitor_dev(model, dataset, tokens, monitor, config, state, bar)
+            if state.step % config.checkpoint_every == 0 and state.step < total:
+                checkpoints.save(state, seconds())
+            if stop.requested:
+                path = checkpoints.save(state, seconds())
+                if bar is not None:
+                    bar.close()
+                raise KeyboardInterrupt(f"stopped at step {state.step}; checkpoint in {path}; continue with --resume")
+    if bar is not None:
+        bar.close()
+    return examples_seen
+
+
+def _monitor_dev(model, dataset, tokens, monitor: list[int], config, state: RunState, bar) -> None:
+    """Score the monitored dev rows, add the figures to the history and log them."""
+    final, prefix = predict(model, [tokens.dev[i] for i in monitor], batch_size=config.eval_batch_size)
+    m = summarise(final, [dataset.dev[i].label for i in monitor], prefix)
+    state.history.append({"step": state.step, "dev": {k: m[k] for k in ("mse", "auroc", "accuracy")}})
+    log(f"step {state.step}: dev mse {m['mse']:.4f}  auroc {_fmt(m['auroc'])}  acc {m['accuracy']:.3f}  "
+        f"acc@50% {m['accuracy_at_50pct']:.3f}  (n={m['n']})", bar)
+
+
+def _data_metrics(dataset: Dataset, config: TrainConfig, augmented, history: list[dict]) -> dict:
+    """metrics.json's account of the data: per source, the held-out sets, augmentation, and the loss history."""
+    added, lexicon = augmented
+    return {
+        "data": [vars(s) for s in dataset.stats],
+        "eval_data": [vars(s) for _, _, s in dataset.eval_sets],
+        "removed_eval_overlap": dataset.removed_overlap,
+        "augmentation": {"views": [v.model_dump() for v in config.augment.views], "copies": len(added),
+                         "obfuscation_lexicon_size": len(lexicon), "obfuscation_lexicon_sample": lexicon[:40]},
+        "left_out": list(config.leave_out),
+        "history": history,
+    }
+
+
 def _fmt(value) -> str:
     return "n/a" if value is None else f"{value:.3f}"
-
-
-def _state_flag(ckpt_dir: Path, key: str, default: bool) -> bool:
-    """``key`` from the state of the newest checkpoint in ``ckpt_dir`` (``default`` when absent or unreadable)."""
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        name = (ckpt_dir / LATEST_NAME).read_text(encoding="utf-8").strip()
-        return bool(json.loads((ckpt_dir / name / STATE_NAME).read_text(encoding="utf-8")).get(key, default))
-    return default
