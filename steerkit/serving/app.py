@@ -42,6 +42,16 @@ class ServerSettings:
     model_name: str | None = None         # the served model's name (default: the engine's)
 
 
+@dataclass(frozen=True)
+class _Server:
+    """What the routes share: the engine, the HTTP limits, the metrics registry and the served model's name."""
+
+    engine: object
+    settings: ServerSettings
+    metrics: ServerMetrics
+    model_name: str
+
+
 def create_app(engine, *, settings: ServerSettings | None = None, metrics: ServerMetrics | None = None) -> FastAPI:
     """The app serving ``engine``. ``metrics`` should be the engine's observer (``Engine(observer=metrics)``) so
     that step and reward times reach ``/metrics``; without one, the app makes its own registry (HTTP metrics only,
@@ -52,7 +62,7 @@ def create_app(engine, *, settings: ServerSettings | None = None, metrics: Serve
         if getattr(engine, "observer", "absent") is None:
             engine.observer = metrics
     metrics.watch(engine)
-    model_name = settings.model_name or engine.model_name
+    server = _Server(engine, settings, metrics, settings.model_name or engine.model_name)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -67,89 +77,126 @@ def create_app(engine, *, settings: ServerSettings | None = None, metrics: Serve
     app.state.engine, app.state.settings, app.state.metrics, app.state.draining = engine, settings, metrics, False
     install(app)
     app.add_middleware(_Accounting, metrics=metrics, max_body_bytes=settings.max_body_bytes)
+    _add_completion_routes(app, server)
+    _add_info_routes(app, server)
+    return app
 
-    def check_open(request: Request) -> None:
-        if request.app.state.draining:
-            raise cmpl.shutting_down_error()
 
-    def check_common(body) -> tuple[int, object]:
-        if body.model is not None and body.model != model_name:
-            raise HTTPError(404, f"model {body.model!r} is not served here; this server serves {model_name!r} "
-                            "(GET /v1/models).", type="not_found_error", param="model", code="model_not_found")
-        if body.n > settings.max_n:
-            raise HTTPError(400, f"n must be at most {settings.max_n} on this server, got {body.n}.", param="n",
-                            code="invalid_value")
-        limit = body.limit()
-        max_tokens = settings.default_max_tokens if limit is None else limit
-        if max_tokens > settings.max_tokens_limit:
-            raise HTTPError(400, f"max_tokens must be at most {settings.max_tokens_limit} on this server, got "
-                            f"{max_tokens}.", param="max_tokens", code="invalid_value")
-        check_reward_names(body.rewards)
-        return max_tokens, body.rewards
+# -- the completion routes -------------------------------------------------------------------------------------
 
-    def check_rows(body, prompts: int) -> None:
-        rows, queue = prompts * body.n, getattr(engine, "max_queue", None)
-        if queue is not None and rows > queue:
-            raise HTTPError(400, f"this request asks for {rows} rows ({prompts} prompt(s) × n={body.n}); this server "
-                            f"queues at most {queue} rows at a time (steerkit serve --max-queue): lower n or send "
-                            "fewer prompts per request.", param="n", code="invalid_value")
-
-    def check_reward_names(rewards) -> None:
-        if rewards is None:
-            return
-        names = list(rewards) if isinstance(rewards, dict) else [spec.name for spec in rewards]
-        available = list(engine.reward_names())
-        for i, name in enumerate(names):
-            if name not in available:
-                close = difflib.get_close_matches(name, available, n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                param = f"rewards.{name}" if isinstance(rewards, dict) else f"rewards.{i}.name"
-                raise HTTPError(400, f"unknown reward {name!r}; this server offers "
-                                f"{', '.join(available) or 'no rewards'} (GET /v1/models).{hint}", param=param,
-                                code="unknown_reward")
-
-    async def run(request: Request, job: cmpl.Job, prompt_param: str, stream: bool):
-        handles = cmpl.admit(engine, job, prompt_param=prompt_param, retry_after_s=settings.retry_after_s)
-        first = lambda: metrics.first_token(time.perf_counter() - job.received)  # noqa: E731
-        rows = cmpl.Rows(handles, settings.timeout_s, on_first_token=first)
-        if stream:
-            return _EventStream(cmpl.stream(job, rows), on_close=rows.finish_unfinished,
-                                media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        async with rows:
-            body = await cmpl.collect(job, rows, request.is_disconnected)
-        return JSONResponse(body)
-
-    def job_for(body, kind: str, prompts: list[str], max_tokens: int, rewards) -> cmpl.Job:
-        specs, seeds = cmpl.build_specs(prompts, n=body.n, seed=body.seed, max_tokens=max_tokens,
-                                        temperature=body.temperature, k=body.k, rewards=rewards, stop=body.stop,
-                                        trace=body.reward_trace, timeout_s=settings.timeout_s)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return cmpl.Job(kind, model_name, specs, seeds, body.n, body.reward_trace, include_usage)
+def _add_completion_routes(app: FastAPI, server: _Server) -> None:
+    """``POST /v1/completions`` and ``POST /v1/chat/completions``: check the request, turn it into rows, answer."""
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        check_open(request)
-        max_tokens, rewards = check_common(body)
-        check_rows(body, len(body.prompt))
-        job = job_for(body, "completion", body.prompt, max_tokens, rewards)
-        return await run(request, job, "prompt", body.stream)
+        _check_open(request)
+        max_tokens, rewards = _check_common(server, body)
+        _check_rows(server.engine, body, len(body.prompt))
+        job = _job_for(server, body, "completion", body.prompt, max_tokens, rewards)
+        return await _respond(server, request, job, "prompt", body.stream)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        check_open(request)
-        max_tokens, rewards = check_common(body)
-        check_rows(body, 1)
-        tokenizer = engine.tokenizer
-        if not getattr(tokenizer, "chat_template", None):
-            raise HTTPError(400, f"model {model_name!r} has no chat template; use POST /v1/completions with a "
-                            "plain prompt.", param="messages", code="no_chat_template")
-        try:
-            prompt = tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True)
-        except Exception as exc:  # noqa: BLE001 - templates raise on conversations they do not accept
-            raise HTTPError(400, f"the chat template refused these messages: {exc}", param="messages",
-                            code="invalid_value") from None
-        job = job_for(body, "chat", [prompt], max_tokens, rewards)
-        return await run(request, job, "messages", body.stream)
+        _check_open(request)
+        max_tokens, rewards = _check_common(server, body)
+        _check_rows(server.engine, body, 1)
+        prompt = _chat_prompt(server, body)
+        job = _job_for(server, body, "chat", [prompt], max_tokens, rewards)
+        return await _respond(server, request, job, "messages", body.stream)
+
+
+def _check_open(request: Request) -> None:
+    """A 503 once the server is draining (shutting down): it takes no new requests."""
+    if request.app.state.draining:
+        raise cmpl.shutting_down_error()
+
+
+def _check_common(server: _Server, body) -> tuple[int, object]:
+    """The checks both completion routes make (model, n, max_tokens, reward names); returns the request's
+    max_tokens (the server's default when it sent none) and its rewards."""
+    model_name, settings = server.model_name, server.settings
+    if body.model is not None and body.model != model_name:
+        raise HTTPError(404, f"model {body.model!r} is not served here; this server serves {model_name!r} "
+                        "(GET /v1/models).", type="not_found_error", param="model", code="model_not_found")
+    if body.n > settings.max_n:
+        raise HTTPError(400, f"n must be at most {settings.max_n} on this server, got {body.n}.", param="n",
+                        code="invalid_value")
+    limit = body.limit()
+    max_tokens = settings.default_max_tokens if limit is None else limit
+    if max_tokens > settings.max_tokens_limit:
+        raise HTTPError(400, f"max_tokens must be at most {settings.max_tokens_limit} on this server, got "
+                        f"{max_tokens}.", param="max_tokens", code="invalid_value")
+    _check_reward_names(server.engine, body.rewards)
+    return max_tokens, body.rewards
+
+
+def _check_rows(engine, body, prompts: int) -> None:
+    """A 400 when the request's rows (``prompts × n``) could never fit the engine's queue at once."""
+    rows, queue = prompts * body.n, getattr(engine, "max_queue", None)
+    if queue is not None and rows > queue:
+        raise HTTPError(400, f"this request asks for {rows} rows ({prompts} prompt(s) × n={body.n}); this server "
+                        f"queues at most {queue} rows at a time (steerkit serve --max-queue): lower n or send "
+                        "fewer prompts per request.", param="n", code="invalid_value")
+
+
+def _check_reward_names(engine, rewards) -> None:
+    """A 400 naming the first reward the engine does not serve, with the closest name it does as a hint."""
+    if rewards is None:
+        return
+    names = list(rewards) if isinstance(rewards, dict) else [spec.name for spec in rewards]
+    available = list(engine.reward_names())
+    for i, name in enumerate(names):
+        if name not in available:
+            close = difflib.get_close_matches(name, available, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            param = f"rewards.{name}" if isinstance(rewards, dict) else f"rewards.{i}.name"
+            raise HTTPError(400, f"unknown reward {name!r}; this server offers "
+                            f"{', '.join(available) or 'no rewards'} (GET /v1/models).{hint}", param=param,
+                            code="unknown_reward")
+
+
+def _chat_prompt(server: _Server, body) -> str:
+    """The chat request's messages as one prompt, through the tokenizer's chat template (a 400 without one, or
+    when the template refuses the messages)."""
+    tokenizer = server.engine.tokenizer
+    if not getattr(tokenizer, "chat_template", None):
+        raise HTTPError(400, f"model {server.model_name!r} has no chat template; use POST /v1/completions with a "
+                        "plain prompt.", param="messages", code="no_chat_template")
+    try:
+        return tokenizer.apply_chat_template(body.conversation(), tokenize=False, add_generation_prompt=True)
+    except Exception as exc:  # noqa: BLE001 - templates raise on conversations they do not accept
+        raise HTTPError(400, f"the chat template refused these messages: {exc}", param="messages",
+                        code="invalid_value") from None
+
+
+def _job_for(server: _Server, body, kind: str, prompts: list[str], max_tokens: int, rewards) -> cmpl.Job:
+    """The checked request as a :class:`~steerkit.serving.completions.Job`: ``len(prompts) × n`` row specs."""
+    specs, seeds = cmpl.build_specs(prompts, n=body.n, seed=body.seed, max_tokens=max_tokens,
+                                    temperature=body.temperature, k=body.k, rewards=rewards, stop=body.stop,
+                                    trace=body.reward_trace, timeout_s=server.settings.timeout_s)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return cmpl.Job(kind, server.model_name, specs, seeds, body.n, body.reward_trace, include_usage)
+
+
+async def _respond(server: _Server, request: Request, job: cmpl.Job, prompt_param: str, stream: bool):
+    """Admit the job's rows and answer: server-sent events as the rows go, or one JSON body once they finish."""
+    settings, metrics = server.settings, server.metrics
+    handles = cmpl.admit(server.engine, job, prompt_param=prompt_param, retry_after_s=settings.retry_after_s)
+    first = lambda: metrics.first_token(time.perf_counter() - job.received)  # noqa: E731
+    rows = cmpl.Rows(handles, settings.timeout_s, on_first_token=first)
+    if stream:
+        return _EventStream(cmpl.stream(job, rows), on_close=rows.finish_unfinished, media_type="text/event-stream",
+                            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    async with rows:
+        body = await cmpl.collect(job, rows, request.is_disconnected)
+    return JSONResponse(body)
+
+
+# -- the model, health, metrics and playground routes ----------------------------------------------------------
+
+def _add_info_routes(app: FastAPI, server: _Server) -> None:
+    """``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus) and ``GET /`` (the playground page)."""
+    engine, metrics, model_name = server.engine, server.metrics, server.model_name
 
     @app.get("/v1/models")
     async def models():
@@ -172,8 +219,6 @@ def create_app(engine, *, settings: ServerSettings | None = None, metrics: Serve
     @app.get("/", response_class=HTMLResponse)
     async def playground():
         return HTMLResponse(resources.files(__package__).joinpath("static/index.html").read_text(encoding="utf-8"))
-
-    return app
 
 
 def steering_info(engine) -> dict:
