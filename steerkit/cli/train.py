@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 from rich.markup import escape
 
 from .common import err
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..training.config import TrainConfig
 
 
 def _pair(value: str, flag: str) -> tuple[float, float]:
@@ -83,9 +86,37 @@ def train(
     as_json: bool = typer.Option(False, "--json", help="Print the final metrics as JSON."),
 ):
     """Train a cached (unidirectional) reward model from labelled text."""
-    from ..training.config import TrainConfig
     from ..training.trainer import train as run_training
 
+    transform = _transform(rescale, binary, invert)
+    overrides = _overrides({
+        "output_dir": output, "backbone": backbone, "num_layers": layers, "method": method, "loss": loss,
+        "max_length": max_length, "steps": steps, "epochs": epochs, "batch_size": batch_size, "lr": lr,
+        "seed": seed, "eval_every": eval_every, "checkpoint_every": checkpoint_every, "threads": threads,
+        "checkpoint_dir": checkpoint_dir, "name": name, "attribute": attribute, "data_root": data_root,
+        "device": device, "leave_out": leave_out or None,
+    }, data=[_source(p, text, label, label_value, transform) for p in data],
+        eval_files=[_source(p, text, label, label_value, transform) for p in eval_files])
+    cfg = _config_from_options(config, overrides, lora_r)
+    if data_root is None and cfg.data_root is None and os.environ.get("STEERKIT_DATA_ROOT"):
+        err.print(f"data root from $STEERKIT_DATA_ROOT: {os.environ['STEERKIT_DATA_ROOT']}")
+    if assess_model is not None:
+        _assess(cfg, assess_model, as_json)
+        return
+    progress = not quiet and not as_json
+    try:
+        if cross_source is not None:
+            _cross_source(cfg, cross_source, progress=progress, as_json=as_json)
+            return
+        result = run_training(cfg, resume=resume, overwrite=overwrite, progress=progress)
+    except KeyboardInterrupt as exc:
+        err.print(f"[yellow]interrupted:[/] {escape(str(exc or 'no checkpoint written'))}", markup=True)
+        raise typer.Exit(130) from None
+    _print_result(result, as_json)
+
+
+def _transform(rescale: Optional[str], binary: Optional[float], invert: bool) -> dict:
+    """The label transform of the --data / --eval files, from --rescale, --binary and --invert."""
     transform = {}
     if rescale:
         transform["rescale"] = _pair(rescale, "--rescale")
@@ -93,50 +124,58 @@ def train(
         transform["binary"] = binary
     if invert:
         transform["invert"] = True
-    overrides: dict = {
-        "output_dir": output, "backbone": backbone, "num_layers": layers, "method": method, "loss": loss,
-        "max_length": max_length, "steps": steps, "epochs": epochs, "batch_size": batch_size, "lr": lr,
-        "seed": seed, "eval_every": eval_every, "checkpoint_every": checkpoint_every, "threads": threads,
-        "checkpoint_dir": checkpoint_dir, "name": name, "attribute": attribute, "data_root": data_root,
-        "device": device, "leave_out": leave_out or None,
-    }
+    return transform
+
+
+def _overrides(flags: dict, data: list[dict], eval_files: list[dict]) -> dict:
+    """The config fields the options set: the flags given (None: not given) and the --data / --eval sources."""
+    overrides = dict(flags)
     if data:
-        overrides["data"] = [_source(p, text, label, label_value, transform) for p in data]
+        overrides["data"] = data
     if eval_files:
-        overrides["eval"] = [_source(p, text, label, label_value, transform) for p in eval_files]
-    overrides = {k: v for k, v in overrides.items() if v is not None}
-    if config is not None:
-        cfg = TrainConfig.from_file(config, overrides=overrides)
+        overrides["eval"] = eval_files
+    return {k: v for k, v in overrides.items() if v is not None}
+
+
+def _config_from_options(path: Optional[Path], overrides: dict, lora_r: Optional[int]) -> TrainConfig:
+    """The config file with the options over it or, without a file, a config of the options alone (which then
+    need --data and --output); --lora-r last, over the file's LoRA settings."""
+    from ..training.config import TrainConfig
+
+    if path is not None:
+        cfg = TrainConfig.from_file(path, overrides=overrides)
     else:
-        if not data:
+        if "data" not in overrides:
             raise ConfigError("Give a config file or at least one --data file (see `steerkit train --help`).")
         if "output_dir" not in overrides:
             raise ConfigError("--output is required without a config file.")
         cfg = TrainConfig.from_dict(overrides, source="command-line options")
     if lora_r is not None:
         cfg = cfg.with_overrides({"lora": {**cfg.lora.model_dump(), "r": lora_r}})
-    if data_root is None and cfg.data_root is None and os.environ.get("STEERKIT_DATA_ROOT"):
-        err.print(f"data root from $STEERKIT_DATA_ROOT: {os.environ['STEERKIT_DATA_ROOT']}")
-    if assess_model is not None:
-        from ..training.assess import assess
+    return cfg
 
-        metrics = assess(cfg, assess_model)
-        if as_json:
-            typer.echo(json.dumps(metrics))
-            return
-        _print_metrics(metrics)
+
+def _assess(cfg: TrainConfig, model_dir: str, as_json: bool) -> None:
+    """--assess: measure an existing reward model on the config's evaluation data; train nothing."""
+    from ..training.assess import assess
+
+    metrics = assess(cfg, model_dir)
+    if as_json:
+        typer.echo(json.dumps(metrics))
         return
-    try:
-        if cross_source is not None:
-            from ..training.cross_source import run_cross_source
+    _print_metrics(metrics)
 
-            report = run_cross_source(cfg, cross_source, progress=not quiet and not as_json)
-            typer.echo(json.dumps(report) if as_json else (cross_source / "cross_source.md").read_text("utf-8"))
-            return
-        result = run_training(cfg, resume=resume, overwrite=overwrite, progress=not quiet and not as_json)
-    except KeyboardInterrupt as exc:
-        err.print(f"[yellow]interrupted:[/] {escape(str(exc or 'no checkpoint written'))}", markup=True)
-        raise typer.Exit(130) from None
+
+def _cross_source(cfg: TrainConfig, directory: Path, *, progress: bool, as_json: bool) -> None:
+    """--cross-source: the leave-one-source-out runs; prints the report (JSON, or its markdown table)."""
+    from ..training.cross_source import run_cross_source
+
+    report = run_cross_source(cfg, directory, progress=progress)
+    typer.echo(json.dumps(report) if as_json else (directory / "cross_source.md").read_text("utf-8"))
+
+
+def _print_result(result, as_json: bool) -> None:
+    """A finished run: its summary as JSON, or the metrics (stderr) and the output directory (stdout)."""
     if as_json:
         typer.echo(json.dumps({"output_dir": str(result.output_dir), "steps": result.steps,
                                "train_seconds": round(result.seconds, 1),

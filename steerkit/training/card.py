@@ -71,8 +71,17 @@ def _reproduce(config: TrainConfig) -> str:
 
 
 def render_card(config: TrainConfig, metrics: dict) -> str:
+    """The model card's markdown, one section after another."""
     training = metrics.get("training", {})
-    hw = training.get("hardware", {})
+    out = (_header_lines(config) + _model_lines(config, training) + _usage_lines()
+           + _evaluation_lines(config, metrics) + cross_source_section(config)
+           + _training_data_lines(config, metrics) + _training_lines(config, training)
+           + _intended_use_lines(config) + _limitations_lines(config) + _licence_lines(config))
+    return "\n".join(out)
+
+
+def _method(config: TrainConfig) -> str:
+    """How the reward model was trained, in one phrase (a token-level head names its parametrisation)."""
     lora = config.lora
     method = {"lora": f"LoRA (r={lora.r}, alpha={lora.alpha}, on {', '.join(lora.target_modules or ['the attention projections'])}) + scalar head",
               "head": "scalar head over a frozen backbone",
@@ -83,26 +92,47 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
             f" (ρ(prefix, v) = σ(⟨W h, e_v⟩{' + b·h' if config.token_head.baseline else ''} + c), W "
             f"{'d×d' if rank is None else f'of rank {rank}'}, e_v the frozen output embeddings"
             + (f"; distilled from `{config.distill.teacher}`" if config.distill else "") + ")")
-    out = [
+    return method
+
+
+def _header_lines(config: TrainConfig) -> list[str]:
+    return [
         f"# `{config.name}` reward model",
         "",
         f"ρ = {config.attribute or 'the trained attribute'}, in [0, 1], read after every token of a text "
         "(a unidirectional reward model for Reward-Augmented Decoding).",
         "",
+    ]
+
+
+def _model_lines(config: TrainConfig, training: dict) -> list[str]:
+    return [
         "## Model",
         "",
         f"- Backbone: `{config.backbone}`, first {training.get('num_layers', config.num_layers)} transformer layers "
         "(the backbone weights are not stored here; they are resolved from the reference and checked by fingerprint)",
-        f"- Method: {method}; {training.get('trainable_parameters', 0):,} trained parameters",
+        f"- Method: {_method(config)}; {training.get('trainable_parameters', 0):,} trained parameters",
         f"- Input: start token + text (no prompt), at most {config.max_length} tokens; "
         f"loss: {'the cumulative prefix loss of the RAD paper' if config.loss == 'cumulative' else 'last-token MSE'}",
         "",
+    ]
+
+
+def _usage_lines() -> list[str]:
+    """How to use the model: the snippet that loads and scores with it."""
+    return [
         "```python",
         "import steerkit",
         "reward = steerkit.load_reward(\"path/to/this/directory\")",
         "reward.model.score_texts([\"some text\"])",
         "```",
         "",
+    ]
+
+
+def _evaluation_lines(config: TrainConfig, metrics: dict) -> list[str]:
+    """Held-out test sets, the dev split and the functional cases (``set / category`` names)."""
+    out = [
         "## Evaluation (data never trained on)",
         "",
         "AUROC and accuracy binarise continuous labels at 0.5. \"acc. 50% tokens\" reads the reward after only "
@@ -122,11 +152,15 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
         out += _metrics_table(metrics["dev"]) + [""]
     if functional:
         out += functional_table(functional)
-    out += cross_source_section(config)
-    out += ["## Training data", "",
-            "| source | file | rows used | train | dev | augmented copies | skipped invalid | duplicates / eval "
-            "overlap | weight | licence |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    return out
+
+
+def _training_data_lines(config: TrainConfig, metrics: dict) -> list[str]:
+    """The per-source data table, augmentation and the held-out test files."""
+    out = ["## Training data", "",
+           "| source | file | rows used | train | dev | augmented copies | skipped invalid | duplicates / eval "
+           "overlap | weight | licence |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     by_name = {s.display_name: s for s in config.data}
     for stats in metrics.get("data", []):
         source = by_name.get(stats["name"])
@@ -143,7 +177,13 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
         out.append("")
     out += ["Label transforms, weights and limits are in `training_config.json`. The data files are not "
             "distributed with this model.", ""]
-    out += [
+    return out
+
+
+def _training_lines(config: TrainConfig, training: dict) -> list[str]:
+    """Steps, optimiser, time and hardware, and the command that reproduces the run."""
+    hw = training.get("hardware", {})
+    return [
         "## Training",
         "",
         f"- {training.get('steps')} steps of batch {training.get('batch_size')}, AdamW lr {config.learning_rate:g}, "
@@ -153,16 +193,28 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
         f"thread{'s' if hw.get('torch_threads') != 1 else ''}, {hw.get('gpu') or 'no GPU'}), torch {hw.get('torch')}",
         f"- Reproduce: `{_reproduce(config)}` (same seed and data files: their sha256 are in `metrics.json`)",
         "",
+    ]
+
+
+def _intended_use_lines(config: TrainConfig) -> list[str]:
+    return [
         "## Intended use",
         "",
         config.intended_use or "Steering and scoring text generation with steerkit (Reward-Augmented Decoding).",
         "",
-        "## Limitations",
-        "",
     ]
-    out += [f"- {item}" for item in config.limitations]
-    out += [f"- {item.format(max_length=config.max_length)}" for item in GENERIC_LIMITATIONS]
-    out += ["", "## Data licences", ""]
+
+
+def _limitations_lines(config: TrainConfig) -> list[str]:
+    """The config's own limitations, then the generic ones of every steerkit reward model."""
+    return (["## Limitations", ""]
+            + [f"- {item}" for item in config.limitations]
+            + [f"- {item.format(max_length=config.max_length)}" for item in GENERIC_LIMITATIONS] + [""])
+
+
+def _licence_lines(config: TrainConfig) -> list[str]:
+    """Each training and test file's licence, once per (path, licence)."""
+    out = ["## Data licences", ""]
     seen = set()
     for source in list(config.data) + list(config.eval):
         licence = licence_for(source.path, source.licence)
@@ -170,7 +222,7 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
             seen.add((source.path, licence))
             out.append(f"- `{source.path}`: {licence}")
     out.append("")
-    return "\n".join(out)
+    return out
 
 
 def functional_table(rows: dict[str, dict]) -> list[str]:
