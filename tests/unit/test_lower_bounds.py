@@ -48,3 +48,29 @@ def test_the_dev_extra_leaves_out_the_heavy_parts():
     declared = _declared()
     for heavy in ("tensorflow-cpu", "tf-keras", "tox-block", "ray", "selenium"):
         assert heavy not in declared
+
+
+def test_every_core_and_dev_dependency_imports():
+    """Each package the core and the dev extra declare imports in this environment. A test elsewhere that
+    importorskips it would otherwise skip silently where an installed release cannot load (onnxruntime 1.18 was
+    built against numpy 1 and fails to import beside numpy 2: the onnx tests skipped in the lower-bound run)."""
+    import importlib
+    import importlib.metadata
+
+    modules: dict[str, list[str]] = {}
+    for module, dists in importlib.metadata.packages_distributions().items():
+        for dist in dists:
+            if not module.startswith("_"):
+                modules.setdefault(canonicalize_name(dist), []).append(module)
+    failures = []
+    for name in _declared():
+        found = sorted(modules.get(name, []))
+        if not found:
+            failures.append(f"{name}: not installed")
+            continue
+        module = name.replace("-", "_") if name.replace("-", "_") in found else found[0]
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any failure to load is what this test reports
+            failures.append(f"{name} ({module}): {type(exc).__name__}: {exc}")
+    assert not failures, failures
