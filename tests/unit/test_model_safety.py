@@ -304,7 +304,9 @@ def test_pickle_only_weights_are_refused_with_a_conversion_command(tiny_backbone
     command = msg.split("with: ", 1)[1]
     assert command.startswith("python -c ") and "\n" not in command
     # the command the user runs (knowingly) converts the directory, which then loads from safetensors
-    proc = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=300)
+    # `python` is the interpreter running this test (the user's, in their environment), not whichever is first on PATH
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = subprocess.run(command, shell=True, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (path / "model.safetensors").is_file()
     model, _, source = load_causal_lm(str(path))

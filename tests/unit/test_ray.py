@@ -8,10 +8,12 @@ Models are the tiny ones, saved to a directory so that the actors load them by p
 import json
 import os
 import signal
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -95,9 +97,11 @@ def cluster(ray_env, tmp_path_factory):
     logs = tmp_path_factory.mktemp("ray-logs")
     common = ["--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--num-gpus", "0",
               "--dashboard-agent-listen-port", "0"]
-    head = ["ray", "start", "--head", "--port", str(port), "--include-dashboard=false",
+    # the `ray` of the environment running the tests, not whichever is first on PATH
+    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+    head = [ray_cli, "start", "--head", "--port", str(port), "--include-dashboard=false",
             "--ray-client-server-port", str(free_port())]
-    worker = ["ray", "start", "--address", address]
+    worker = [ray_cli, "start", "--address", address]
     procs = []
     try:
         for name, cmd in (("head", head), ("worker", worker)):
