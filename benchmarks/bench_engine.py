@@ -32,7 +32,7 @@ import torch
 
 import steerkit
 from steerkit.serving.engine import Engine
-from steerkit.serving.lm_cache import LMBatch
+from steerkit.engine.lm_cache import LMBatch
 from steerkit.serving.requests import RowSpec
 
 PROMPTS = ["The quick brown fox", "You are a wonderful friend and", "I hate it when", "Numbers 0123 and symbols",

@@ -8,13 +8,15 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from transformers import DynamicCache
 
+from .engine.core import EngineCore
+from .engine.rows import Row
+from .engine.step import sample
+from .engine.text import cut_at_stop
 from .errors import InvalidArgumentError, PromptTooLongError
-from .hf_compat import cache_kwargs
 from .models import context_length
 from .steering import (
-    SteeringTerm, check_terms, check_unicode, reweight, validate_int, validate_k, validate_seed, validate_stop_strings,
+    SteeringTerm, check_terms, check_unicode, validate_int, validate_k, validate_seed, validate_stop_strings,
     validate_temperature, warn_if_slow,
 )
 from .terms import build_terms
@@ -78,8 +80,7 @@ def sample_token(scores: torch.Tensor, temperature: float) -> torch.Tensor:
     :func:`~steerkit.steering.reweight` returns scores whose row maximum is 0, so a tiny T cannot overflow:
     the best candidate gets 0, the others -inf, and sampling becomes greedy instead of failing on NaN.
     """
-    probs = torch.softmax(scores / temperature, dim=-1)
-    return torch.multinomial(probs, num_samples=1).squeeze(1)
+    return sample(scores, [temperature] * scores.shape[0], None)
 
 
 def eos_ids(model, tokenizer, eos_token_id=None) -> list[int]:
@@ -142,7 +143,9 @@ class RewardAugmentedGenerator:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.terms = check_terms(list(terms))
-        self.k = validate_k(k, model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") else model.config.vocab_size)
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.vocab_size = config.vocab_size
+        self.k = validate_k(k, self.vocab_size)
         #: k is large for a sequence reward: a step takes long, so ``progress=True`` shows a per-step bar.
         self.slow = warn_if_slow(self.k, self.terms)
 
@@ -208,65 +211,43 @@ class RewardAugmentedGenerator:
                 )
 
     def _generate_batch(self, prompts, raw_prompts, max_new_tokens, do_sample, temperature, eos, stop_strings,
-                        return_traces, bar: "_Progress | None" = None):
+                        return_traces, bar: "_Progress | None" = None, include_stop: bool = True):
+        """One batch through the engine core: rows sharing every setting and the default RNG, prefilled together;
+        a finished row stays in the batch (fed padding) until every row has finished or the length is reached."""
         tok = self.tokenizer
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        device = next(self.model.parameters()).device
-        input_ids, mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-        B = input_ids.shape[0]
-        sessions = [t.reward.start(raw_prompts, tok) for t in self.terms]
-        cache = DynamicCache(config=self.model.config)
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         use_cache=True, logits_to_keep=1, **cache_kwargs(self.model, cache))
-        finished = torch.zeros(B, dtype=torch.bool, device=device)
-        eos_t = torch.tensor(eos or [-1], device=device)
-        pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0)
+        core = EngineCore(self.model, tok, eos=eos, vocab_size=self.vocab_size, shared_rng=True, strict=True)
+        ids = tok(prompts, add_special_tokens=False)["input_ids"]
+        rows = [Row(raw, row_ids, self.terms, self.k, temperature if do_sample else 0.0, max_new_tokens,
+                    stop_strings, include_stop) for raw, row_ids in zip(raw_prompts, ids)]
+        core.admit(rows, together=True)
         generated, trace = [], []
         for step in range(max_new_tokens):
-            logits = out.logits[:, -1, :].float()
-            res = reweight(logits, self.k, self.terms, sessions, step)
+            report = core.step(keep_output=return_traces)
             if bar is not None:
                 bar.step_done()
-            if do_sample:
-                token = sample_token(res.scores, temperature)
-            else:
-                token = res.scores.argmax(-1)
-            token = torch.where(finished, torch.full_like(token, pad), token)
+            generated.append(core.last_tokens)
             if return_traces:
-                chosen = (res.topk_ids == token[:, None]).long().argmax(-1).masked_fill(finished, -1)
-                trace.append(StepTrace(res.topk_ids.cpu(), res.topk_logits.cpu(),
-                                       {n: r.cpu() for n, r in res.rewards.items()}, res.combined.cpu(),
-                                       {t.name: t.weight(step) for t in self.terms}, chosen.cpu()))
-            generated.append(token)
-            finished = finished | torch.isin(token, eos_t)
-            if stop_strings:
-                finished = finished | self._hit_stop(torch.stack(generated, 1), stop_strings)
-            if finished.all() or step == max_new_tokens - 1:
+                trace.append(self._trace(report.output, core.last_tokens, rows, step))
+            if all(row.finished for row in rows) or step == max_new_tokens - 1:
                 break
-            for s in sessions:
-                s.commit(token)
-            mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
-            positions = positions[:, -1:] + 1
-            out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=positions,
-                             use_cache=True, **cache_kwargs(self.model, cache))
+            core.advance()
         seq = torch.stack(generated, 1).cpu()
-        texts, counts = self._decode(seq, eos, stop_strings)
+        texts, counts = self._decode(seq, eos, stop_strings, include_stop)
         return texts, seq, counts, trace
 
-    def _hit_stop(self, seq: torch.Tensor, stop_strings: list[str]) -> torch.Tensor:
-        texts = self.tokenizer.batch_decode(seq, skip_special_tokens=True)
-        return torch.tensor([any(s in t for s in stop_strings) for t in texts], device=seq.device)
+    def _trace(self, out, tokens: torch.Tensor, rows: list, step: int) -> StepTrace:
+        finished = torch.tensor([len(row.ids) < row.steps for row in rows], device=tokens.device)
+        chosen = (out.topk_ids == tokens[:, None]).long().argmax(-1).masked_fill(finished, -1)
+        return StepTrace(out.topk_ids.cpu(), out.topk_logits.cpu(),
+                         {t.name: r.cpu() for t, r in zip(self.terms, out.shaped)}, out.combined.cpu(),
+                         {t.name: t.weight(step) for t in self.terms}, chosen.cpu())
 
-    def _decode(self, seq: torch.Tensor, eos: list[int], stop_strings: list[str]):
+    def _decode(self, seq: torch.Tensor, eos: list[int], stop_strings: list[str], include_stop: bool = True):
         texts, counts = [], []
         for row in seq.tolist():
             n = next((i for i, t in enumerate(row) if t in eos), len(row))
             text = self.tokenizer.decode(row[:n], skip_special_tokens=True)
-            for s in stop_strings:
-                if s in text:
-                    text = text[: text.index(s) + len(s)]
-            texts.append(text)
+            texts.append(cut_at_stop(text, stop_strings, include_stop))
             counts.append(min(n + 1, len(row)))
         return texts, counts
 

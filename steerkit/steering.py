@@ -226,6 +226,11 @@ class SteeringTerm:
     def weight(self, step: int) -> float:
         return self.schedule.at(step)
 
+    @property
+    def transform_key(self):
+        """Terms with equal keys shape rewards alike (a batch shapes their rows together)."""
+        return None if self.transform is None else getattr(self.transform, "key", id(self.transform))
+
 
 @dataclass
 class StepResult:
@@ -267,63 +272,44 @@ def warn_if_slow(k: int, terms: list[SteeringTerm], stacklevel: int = 3) -> bool
     return True
 
 
-def combine(z: torch.Tensor, terms: list[SteeringTerm], rhos, step: int
-            ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-    """``z + Σ β(step)·f(ρ)`` over the candidates ``z`` ([..., k]); ``rhos`` gives each term's raw rewards in order.
+def uniform_plan(k: int, terms: list[SteeringTerm], rows: int, temperature: float = 1.0):
+    """The :class:`~steerkit.engine.step.BatchPlan` of ``rows`` rows that share ``k``, ``terms`` and the RNG."""
+    from .engine.step import make_plan
 
-    Returns the combined scores, each term's shaped reward (by name) and ``ok``, a 0-dim bool tensor that is
-    False when a reward is NaN/±inf or the combined scores hold NaN/+inf (then call :func:`_raise_non_finite`).
-    A term whose β is 0 adds nothing, but its rewards are still shaped, returned and checked.
-    """
-    combined = z.clone()
-    rewards = {}
-    reward_sum = None
-    for term, rho in zip(terms, rhos):
-        rho = rho.to(combined.device, combined.dtype)
-        if term.transform is not None:
-            rho = term.transform(rho)
-        rewards[term.name] = rho
-        reward_sum = rho if reward_sum is None else reward_sum + rho
-        beta = term.weight(step)
-        if beta:
-            combined = combined + beta * rho
-    # One check (one host sync) per step: NaN/±inf in any reward shows in their sum; NaN or +inf in the
-    # combined scores means an overflow or broken logits (-inf is a legitimately excluded candidate).
-    ok = (combined < math.inf).all()
-    if reward_sum is not None:
-        ok = ok & torch.isfinite(reward_sum).all()
-    return combined, rewards, ok
+    row = _SharedRow(k, temperature, None, terms)
+    return make_plan([row] * rows, None, shared_rng=True)
 
 
-def shifted_scores(combined: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Float32 scores [B, V]: ``combined`` [B, k] at ``ids`` [B, k], shifted to a row max of 0; -inf elsewhere.
-
-    Shifted so that each row's best candidate scores 0 (softmax and argmax are shift-invariant): dividing by
-    a tiny temperature then gives 0 and -inf instead of inf - inf = NaN, for steerkit.generate and for
-    transformers' temperature after the LogitsProcessor alike. Done on [B, k], not on the [B, V] scores.
-    """
-    shifted = combined - combined.amax(dim=-1, keepdim=True)
-    scores = torch.full((combined.shape[0], vocab_size), float("-inf"), dtype=torch.float32, device=combined.device)
-    return scores.scatter_(1, ids, shifted)
+@dataclass
+class _SharedRow:
+    k: int
+    temperature: float
+    generator: object
+    terms: list
 
 
 def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: list[RewardSession],
              step: int) -> StepResult:
     """Apply RAD to next-token logits [B, V]: keep the top-k, add Σ β ρ, exclude everything else.
 
-    Raises :class:`~steerkit.errors.NonFiniteRewardError` when a reward is NaN/±inf (also for a term with
-    β = 0, whose rewards still go into traces) or when β·ρ overflows float32.
+    The step's maths is :func:`steerkit.engine.step.score_step` on a batch whose rows share ``k`` and
+    ``terms`` (``sessions[i]`` scores ``terms[i]``'s reward). Raises
+    :class:`~steerkit.errors.NonFiniteRewardError` when a reward is NaN/±inf (also for a term with β = 0,
+    whose rewards still go into traces) or when β·ρ overflows float32.
     """
-    topk_logits, topk_ids = logits.float().topk(k, dim=-1)
-    combined, rewards, ok = combine(topk_logits, terms, (session.score(topk_ids) for session in sessions), step)
-    if not ok:
-        _raise_non_finite(topk_ids, topk_logits, rewards, terms, step)
-    scores = shifted_scores(combined, topk_ids, logits.shape[-1])
-    return StepResult(scores, topk_ids, topk_logits, rewards, combined)
+    from .engine.step import score_step
+
+    plan = uniform_plan(k, terms, logits.shape[0])
+    keyed = {id(t.reward): s for t, s in zip(terms, sessions)}
+    out = score_step(logits, plan, lambda ids: {key: s.score(ids) for key, s in keyed.items()}, [step])
+    rewards = {t.name: shaped for t, shaped in zip(terms, out.shaped)}
+    if not bool(out.ok.all()):
+        raise_non_finite(out.topk_ids, out.topk_logits, rewards, terms, step)
+    return StepResult(out.scores, out.topk_ids, out.topk_logits, rewards, out.combined)
 
 
-def _raise_non_finite(topk_ids, topk_logits, rewards, terms, step) -> None:
-    """The slow path of :func:`reweight`'s check: find which term (or the LM) is to blame."""
+def raise_non_finite(topk_ids, topk_logits, rewards, terms, step) -> None:
+    """The slow path of a step's ``ok`` check: find which term (or the LM) is to blame."""
     where = f"at decoding step {step} (counting from 0)"
     for term in terms:
         rho = rewards[term.name]
@@ -347,13 +333,23 @@ def _raise_non_finite(topk_ids, topk_logits, rewards, terms, step) -> None:
                                "the betas or use rewards in [0, 1].")
 
 
+class _Shape:
+    """A named reward transform; rows whose terms share a ``key`` are shaped together in a batch."""
+
+    def __init__(self, key: tuple, fn: Transform):
+        self.key, self._fn = key, fn
+
+    def __call__(self, rho: torch.Tensor) -> torch.Tensor:
+        return self._fn(rho)
+
+
 def make_transform(kind: str, clamp: tuple[float, float] = (0.0, 1.0)) -> Transform | None:
     """Per-reward shaping: ``invert`` (1 − ρ), ``clamp`` (to [low, high]), or ``none``."""
     if kind == "none":
         return None
     if kind == "invert":
-        return lambda rho: 1.0 - rho
+        return _Shape(("invert",), lambda rho: 1.0 - rho)
     if kind == "clamp":
         lo, hi = clamp
-        return lambda rho: rho.clamp(lo, hi)
+        return _Shape(("clamp", lo, hi), lambda rho: rho.clamp(lo, hi))
     raise InvalidArgumentError(f"Unknown reward transform {kind!r}; use none, invert or clamp.")

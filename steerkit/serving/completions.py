@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
+from ..seeds import offset_seed
 from .errors_http import HTTPError, from_steerkit, row_failure
 from .requests import FinishEvent, RowSpec, TokenEvent
 
@@ -29,13 +30,8 @@ DEADLINE_GRACE_S = 5.0
 #: How often a non-streamed request checks that its client is still connected (seconds).
 DISCONNECT_POLL_S = 0.1
 
-#: The seeds torch accepts: -2**63 .. 2**64 - 1; derived seeds wrap within it.
-_SEED_LO, _SEED_SPAN = -(2**63), 2**64 + 2**63
-
-
-def derive_seed(seed: int, index: int) -> int:
-    """The seed of choice ``index``: ``seed + index``, wrapped into -2**63 .. 2**64 - 1."""
-    return (seed + index - _SEED_LO) % _SEED_SPAN + _SEED_LO
+#: The seed of choice ``index``: ``seed + index``, wrapped into torch's seed range (:mod:`steerkit.seeds`).
+derive_seed = offset_seed
 
 
 @dataclass
@@ -77,9 +73,7 @@ def build_specs(prompts: list[str], *, n: int, seed: int | None, max_tokens: int
 def admit(engine, job: Job, *, prompt_param: str, retry_after_s: float) -> list:
     """Validate the rows, then queue them all or none; a failure is raised as the HTTPError it maps to."""
     try:
-        for spec in job.specs[::job.n]:  # rows of one prompt differ only in their seed
-            engine.validate(spec)
-        return engine.submit_all(job.specs)  # all rows are queued, or none
+        return engine.submit_all(job.specs)  # every row checked once, then all queued or none
     except Exception as exc:  # noqa: BLE001 - typed errors become 4xx, anything else a logged 500
         raise from_steerkit(exc, prompt_param=prompt_param, retry_after_s=retry_after_s) from None
 

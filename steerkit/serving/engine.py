@@ -44,16 +44,14 @@ from typing import Mapping, Protocol, Sequence
 import torch
 
 from ..decoding import eos_ids
+from ..engine.core import EngineCore
+from ..engine.rows import Row
 from ..errors import ServerBusyError, ServerShuttingDownError
 from ..models import context_length
 from ..steering import validate_int, validate_k
-from .lm_cache import LMBatch
 from .requests import FinishEvent, RowHandle, RowSpec, TokenEvent
-from .reward_groups import RewardGroup
 from .row_terms import RewardLookup, row_terms
-from .rows import Row
-from .validation import prepare_row
-from .sampling import choose, row_combined
+from .validation import prepare_rows
 
 #: How long the idle loop sleeps between checks for new rows, cancellations and deadlines (seconds).
 IDLE_WAIT_S = 0.05
@@ -86,15 +84,14 @@ class Engine:
         self.lookup = RewardLookup(rewards or {})
         self.default_k = validate_k(default_k, self.vocab_size)
         self.default_rewards = default_rewards or None
-        self.default_terms = row_terms(self.default_rewards, self.lookup)  # checked now, rebuilt per row
+        row_terms(self.default_rewards, self.lookup)  # checked now (a bad default fails at start-up)
         self.max_running = validate_int("max_running", max_running)
         self.max_queue = validate_int("max_queue", max_queue, 0)
         self.observer = observer
         self.model_name = model_name or getattr(config, "_name_or_path", None) or type(lm).__name__
-        self._batch = LMBatch(self.lm)
-        self._batch.prefill([tokenizer.eos_token_id or 0])  # an LM whose KV cache cannot be batched fails now
-        self._running: list[Row] = []
-        self._groups: dict[int, RewardGroup] = {}
+        self._core = EngineCore(self.lm, tokenizer, eos=self.eos, vocab_size=self.vocab_size,
+                                names=lambda reward: _reward_name(reward, self.lookup))
+        self._core.batch.prefill([tokenizer.eos_token_id or 0])  # an LM whose KV cache cannot be batched fails now
         self._queue: deque[Row] = deque()
         self._lock = threading.Condition()
         self._ids = itertools.count(1)
@@ -122,7 +119,7 @@ class Engine:
 
     def validate(self, spec: RowSpec) -> None:
         """Raise the typed error (with ``.param``) that ``spec`` deserves, or nothing."""
-        prepare_row(self, spec, None)
+        prepare_rows(self, [spec], None)
 
     def submit(self, spec: RowSpec) -> RowHandle:
         return self.submit_all([spec])[0]
@@ -130,7 +127,7 @@ class Engine:
     def submit_all(self, specs: Sequence[RowSpec]) -> list[RowHandle]:
         """Validate and queue every spec, or none: ServerBusyError when they do not all fit in the queue."""
         handles = [RowHandle(next(self._ids), self._wake) for _ in specs]
-        rows = [prepare_row(self, spec, handle) for spec, handle in zip(specs, handles)]
+        rows = prepare_rows(self, specs, handles)  # each spec checked once; a prompt is tokenized once
         with self._lock:
             if not self._accepting:
                 raise ServerShuttingDownError("The server is shutting down and accepts no new requests; retry on "
@@ -226,111 +223,48 @@ class Engine:
             self._notify("on_step", time.perf_counter() - start, len(self._running), len(self._queue))
         return True
 
+    @property
+    def _running(self) -> list[Row]:
+        return self._core.rows
+
     def _admit(self, rows: list[Row]) -> None:
         """Prefill each newcomer alone, start its reward sessions, and join it to the batch."""
-        ready, prefilled = [], []
+        failed = self._core.admit(rows)
         for row in rows:
-            try:
-                row.start(self.tokenizer, self._batch.device)
-                prefilled.append(self._batch.prefill(row.prompt_ids))
-                ready.append(row)
-            except Exception as exc:  # noqa: BLE001
-                self._finish(row, "error", exc)
-        failed = {}
-        by_reward: dict[int, list[Row]] = {}
-        for row in ready:
-            for reward in {id(t.reward): t.reward for t in row.terms}.values():
-                by_reward.setdefault(id(reward), []).append(row)
-                if id(reward) not in self._groups:
-                    self._groups[id(reward)] = RewardGroup(_reward_name(reward, self.lookup), reward, self.tokenizer)
-        for key, members in by_reward.items():
-            failed.update(self._groups[key].join(members))
-        self._running += ready
-        self._batch.join(prefilled)
-        if failed:
-            self._remove({r: ("error", e) for r, e in failed.items()})
+            if row in failed and row not in self._core.rows:
+                self._finish(row, "error", failed[row])
+        joined = {r: ("error", e) for r, e in failed.items() if r in self._core.rows}
+        if joined:
+            self._remove(joined)
 
     def _step(self) -> None:
-        rows = self._running
-        where = {row: b for b, row in enumerate(rows)}
-        logits = self._batch.logits
-        K = max(row.k for row in rows)
-        topk_logits, topk_ids = logits.float().topk(K, dim=-1)
-        rho: dict[int, dict] = {}
-        failed: dict = {}
-        seconds: dict[int, float] = {}  # per reward: score + commit of this step
-        for key, group in self._groups.items():
-            if not group.parts:
-                continue
-            start = time.perf_counter()
-            rho[key], errors = group.score(topk_ids, where)
-            seconds[key] = time.perf_counter() - start
-            failed.update(errors)
-        tokens = topk_ids[:, 0].clone()  # failed rows commit their first candidate, then leave
+        """One step of the core; events out; finished and failed rows leave; the LM reads the new tokens."""
+        report = self._core.step()
         finished: dict = {}
-        for b, row in enumerate(rows):
-            if row in failed:
-                continue
-            try:
-                combined, rewards = row_combined(row, topk_logits[b], topk_ids[b],
-                                                 {k: v[row] for k, v in rho.items() if row in v})
-                choice = choose(row, combined, topk_ids[b], self.vocab_size, rewards)
-            except Exception as exc:  # noqa: BLE001 - a non-finite reward (or a broken transform) fails this row
-                failed[row] = exc
-                continue
-            tokens[b] = choice.token
-            row.ids.append(choice.token)
-            reason = self._emit_token(row, choice)
-            if reason is not None:
-                finished[row] = (reason, None)
+        for e in report.emitted:
+            e.row.handle._emit(TokenEvent(e.text, e.token, e.rewards))
+            if e.finish is not None:
+                finished[e.row] = (e.finish, None)
         self._counts["steps"] += 1
-        produced = len(rows) - len(failed)
+        produced = len(report.emitted) - sum(1 for e in report.emitted if e.row in report.failed)
         self._counts["tokens"] += produced
         self._notify("on_tokens", produced)
-        for key, group in self._groups.items():
-            if group.parts:
-                start = time.perf_counter()
-                errors = group.commit(tokens, where)
-                seconds[key] = seconds.get(key, 0.0) + time.perf_counter() - start
-                for row, exc in errors.items():
-                    failed.setdefault(row, exc)
-        for key, spent in seconds.items():
-            self._notify("on_reward", self._groups[key].name, spent)
-        finished.update({row: ("error", exc) for row, exc in failed.items()})
+        for name, spent in report.reward_seconds.items():
+            self._notify("on_reward", name, spent)
+        finished.update({row: ("error", exc) for row, exc in report.failed.items()})
         if finished:
             self._remove(finished)
-        if self._running:
-            keep = [where[row] for row in self._running]
-            self._batch.advance(tokens[torch.tensor(keep, dtype=torch.long, device=tokens.device)])
-
-    def _emit_token(self, row: Row, choice) -> str | None:
-        """Send the row's TokenEvent; its finish reason when this token ends it."""
-        eos = choice.token in self.eos
-        last = eos or len(row.ids) >= row.spec.max_tokens
-        delta, stopped = row.text.push(row.ids[:-1] if eos else row.ids, final=last)
-        row.handle._emit(TokenEvent(delta, choice.token, choice.rewards))
-        if eos or stopped:
-            return "stop"
-        return "length" if last else None
+        if self._core.rows:
+            self._core.advance()
 
     # -- rows leaving -------------------------------------------------------------------------------------
     def _remove(self, finished: dict) -> None:
         """Drop rows from the batch and every reward group, then send their FinishEvents."""
-        gone = set(finished)
-        keep = [b for b, row in enumerate(self._running) if row not in gone]
-        self._running = [self._running[b] for b in keep]
-        if self._batch.size:
-            self._batch.keep(torch.tensor(keep, dtype=torch.long))
-        more = {}
-        for key in list(self._groups):
-            group = self._groups[key]
-            more.update(group.leave(gone))
-            if not group.parts:
-                del self._groups[key]
+        more = self._core.remove(finished)
         for row, (reason, exc) in finished.items():
             self._finish(row, reason, exc)
         if more:  # rows that broke while being rebuilt after a failed keep_rows
-            self._remove({r: ("error", e) for r, e in more.items() if r in self._running})
+            self._remove({r: ("error", e) for r, e in more.items()})
 
     def _finish(self, row: Row, reason: str, error: Exception | None = None) -> None:
         row.finish_reason, row.error = reason, error
@@ -341,8 +275,8 @@ class Engine:
             self._row_seconds = seconds if self._row_seconds is None else 0.9 * self._row_seconds + 0.1 * seconds
 
     def _fail_all(self, exc: Exception) -> None:
-        rows, self._running, self._groups = self._running, [], {}
-        self._batch.reset()
+        rows = list(self._core.rows)
+        self._core.reset()
         for row in rows:
             self._finish(row, "error", exc)
 

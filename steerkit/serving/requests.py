@@ -36,6 +36,7 @@ class RowSpec:
     rewards: object = None
     seed: int | None = None
     stop: Sequence[str] = ()
+    include_stop: bool = False  # keep the stop string that ended the row (OpenAI's convention: cut before it)
     trace: bool = False
     timeout_s: float | None = None
 

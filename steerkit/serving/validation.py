@@ -9,9 +9,9 @@ from ..errors import InvalidArgumentError, PromptTooLongError, SteerkitError
 from ..steering import (
     check_unicode, validate_int, validate_k, validate_seed, validate_stop_strings, validate_temperature,
 )
-from .requests import RowHandle, RowSpec
+from ..engine.rows import Row
+from .requests import RowSpec
 from .row_terms import row_terms
-from .rows import Row
 
 
 def _param(exc: SteerkitError, param: str) -> SteerkitError:
@@ -19,9 +19,33 @@ def _param(exc: SteerkitError, param: str) -> SteerkitError:
     return exc
 
 
-def prepare_row(engine, spec: RowSpec, handle: RowHandle | None) -> Row | None:
-    """Check ``spec`` against ``engine`` (its vocabulary, context, rewards and defaults) with steerkit's
-    validators; a typed error carries ``.param``, the RowSpec field to blame. With a handle: the Row to queue."""
+def prepare_rows(engine, specs, handles) -> list[Row] | None:
+    """Check each spec once against ``engine`` (its vocabulary, context, rewards and defaults) with steerkit's
+    validators; a typed error carries ``.param``, the RowSpec field to blame. A prompt is tokenized, and a
+    rewards value turned into terms, once per call however many rows share it. With handles: the Rows to
+    queue (all specs are checked before any Row exists)."""
+    tokens: dict[str, list[int]] = {}
+    terms: dict[int, list] = {}
+    checked = []
+    for spec in specs:
+        values = _check_fields(engine, spec, terms)
+        if spec.prompt not in tokens:
+            tokens[spec.prompt] = _prompt_ids(engine, spec.prompt, values["max_tokens"])
+        elif engine.context is not None and len(tokens[spec.prompt]) + values["max_tokens"] > engine.context:
+            _prompt_ids(engine, spec.prompt, values["max_tokens"])  # raises the length error
+        checked.append(values)
+    if handles is None:
+        return None
+    rows = []
+    for spec, handle, values in zip(specs, handles, checked):
+        timeout = values["timeout_s"]
+        rows.append(Row(spec.prompt, tokens[spec.prompt], values["rewards"], values["k"], values["temperature"],
+                        values["max_tokens"], values["stop"], bool(spec.include_stop), values["seed"], spec.trace,
+                        None if timeout is None else handle.submitted + timeout, handle))
+    return rows
+
+
+def _check_fields(engine, spec: RowSpec, terms: dict) -> dict:
     if not isinstance(spec, RowSpec):
         raise InvalidArgumentError(f"expected a RowSpec, got {type(spec).__name__}")
     prompt = spec.prompt
@@ -32,6 +56,7 @@ def prepare_row(engine, spec: RowSpec, handle: RowHandle | None) -> Row | None:
         check_unicode(prompt, "The prompt")
     except SteerkitError as exc:
         raise _param(exc, "prompt") from None
+    rewards = engine.default_rewards if spec.rewards is None else spec.rewards
     checks = {
         "max_tokens": lambda: validate_int("max_tokens", spec.max_tokens),
         "temperature": lambda: _temperature(spec.temperature),
@@ -39,8 +64,8 @@ def prepare_row(engine, spec: RowSpec, handle: RowHandle | None) -> Row | None:
         "seed": lambda: validate_seed(spec.seed),
         "stop": lambda: validate_stop_strings(spec.stop),
         "timeout_s": lambda: _timeout(spec.timeout_s),
-        "rewards": lambda: row_terms(engine.default_rewards if spec.rewards is None else spec.rewards,
-                                     engine.lookup),
+        "rewards": lambda: terms[id(rewards)] if id(rewards) in terms else terms.setdefault(
+            id(rewards), row_terms(rewards, engine.lookup)),
     }
     values = {}
     for name, check in checks.items():
@@ -48,18 +73,18 @@ def prepare_row(engine, spec: RowSpec, handle: RowHandle | None) -> Row | None:
             values[name] = check()
         except SteerkitError as exc:
             raise _param(exc, name) from None
+    return values
+
+
+def _prompt_ids(engine, prompt: str, max_tokens: int) -> list[int]:
     ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     if not ids:
         raise _param(InvalidArgumentError("The prompt encodes to no tokens; give some text."), "prompt")
-    if engine.context is not None and len(ids) + values["max_tokens"] > engine.context:
+    if engine.context is not None and len(ids) + max_tokens > engine.context:
         raise _param(PromptTooLongError(
-            f"The prompt has {len(ids)} tokens; with max_tokens={values['max_tokens']} that exceeds the "
+            f"The prompt has {len(ids)} tokens; with max_tokens={max_tokens} that exceeds the "
             f"model's context of {engine.context} tokens. Shorten the prompt or lower max_tokens."), "prompt")
-    if handle is None:
-        return None
-    timeout = values["timeout_s"]
-    return Row(spec, handle, ids, values["rewards"], values["k"], values["temperature"], values["stop"],
-               values["seed"], None if timeout is None else handle.submitted + timeout)
+    return ids
 
 
 def _temperature(value) -> float:

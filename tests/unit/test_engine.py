@@ -230,7 +230,7 @@ def test_seeded_rows_arriving_at_random_times_equal_generate_alone(lm, tokenizer
 def test_streamed_text_holds_back_partial_characters_and_stop_prefixes(tokenizer, stop):
     """Token by token, the streamed pieces add up to the decoded text (up to the first stop string); a piece
     never ends inside a multi-byte character (U+FFFD) and never contains text that a stop string then claims."""
-    from steerkit.serving.rows import StreamText
+    from steerkit.engine.text import StreamText
 
     text = "Café déjà 🙂 ok 🚀 x tail"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -34,10 +34,11 @@ class Part:
 
 
 class RewardGroup:
-    """One reward and its parts. Methods return ``{row: exception}`` for the rows that failed."""
+    """One reward and its parts. Methods return ``{row: exception}`` for the rows that failed; a ``strict``
+    group (``steerkit.generate``: one failure fails the call) raises instead, and never rebuilds rows."""
 
-    def __init__(self, name: str, reward, tokenizer):
-        self.name, self.reward, self.tokenizer = name, reward, tokenizer
+    def __init__(self, name: str, reward, tokenizer, strict: bool = False):
+        self.name, self.reward, self.tokenizer, self.strict = name, reward, tokenizer, strict
         self.parts: list[Part] = []
         self.batched: bool | None = None  # unknown until a first session is seen
 
@@ -48,7 +49,7 @@ class RewardGroup:
     # -- rebuilding --------------------------------------------------------------------------------------
     def _alone(self, row: Row) -> Part:
         """A single-row part for ``row``, replaying its generated tokens; raises what the reward raises."""
-        session = self.reward.start([row.spec.prompt], self.tokenizer)
+        session = self.reward.start([row.prompt], self.tokenizer)
         for token in row.ids:
             session.commit(torch.tensor([token], dtype=torch.long))
         return Part([row], session, False)
@@ -66,8 +67,11 @@ class RewardGroup:
     def join(self, rows: list[Row]) -> dict:
         """Start sessions for newcomers (which have generated nothing yet) and merge them in."""
         failed: dict = {}
+        if self.strict:
+            self.parts.append(Part(list(rows), self.reward.start([r.prompt for r in rows], self.tokenizer), False))
+            return failed
         try:
-            session = self.reward.start([r.spec.prompt for r in rows], self.tokenizer)
+            session = self.reward.start([r.prompt for r in rows], self.tokenizer)
         except Exception:  # noqa: BLE001 - find the rows that break it
             self.parts += self._rebuild(rows, failed)
             return failed
@@ -110,9 +114,13 @@ class RewardGroup:
         return failed
 
     # -- a step ------------------------------------------------------------------------------------------
-    def score(self, candidates: torch.Tensor, where: dict) -> tuple[dict, dict]:
-        """Rewards ``{row: [K]}`` of ``candidates`` [B, K] (rows at batch index ``where[row]``), and failures."""
-        out, failed = {}, {}
+    def score(self, candidates: torch.Tensor, where: dict) -> tuple[torch.Tensor, dict]:
+        """Rewards [B, K] of ``candidates`` [B, K] (rows at batch index ``where[row]``; rows outside the group
+        get 0), and failures."""
+        failed: dict = {}
+        if self.strict:  # one part, every row of the batch in order
+            return self._score(self.parts[0], candidates), failed
+        values = torch.zeros(candidates.shape, dtype=torch.float32, device=candidates.device)
         for part in list(self.parts):
             index = torch.tensor([where[r] for r in part.rows], dtype=torch.long, device=candidates.device)
             try:
@@ -125,14 +133,13 @@ class RewardGroup:
                 for single in self._rebuild(part.rows, failed):
                     row = single.rows[0]
                     try:
-                        out[row] = self._score(single, candidates[where[row]][None])[0]
+                        values[where[row]] = self._score(single, candidates[where[row]][None])[0]
                         self.parts.append(single)
                     except Exception as exc:  # noqa: BLE001
                         failed[row] = exc
                 continue
-            for row, r in zip(part.rows, rho):
-                out[row] = r
-        return out, failed
+            values.index_copy_(0, index, rho.to(values.device, values.dtype))
+        return values, failed
 
     @staticmethod
     def _score(part: Part, candidates: torch.Tensor) -> torch.Tensor:
@@ -145,6 +152,9 @@ class RewardGroup:
     def commit(self, tokens: torch.Tensor, where: dict) -> dict:
         """Tell every part the chosen tokens (rows' ``ids`` already end with them)."""
         failed: dict = {}
+        if self.strict:
+            self.parts[0].session.commit(tokens)
+            return failed
         for part in list(self.parts):
             index = torch.tensor([where[r] for r in part.rows], dtype=torch.long, device=tokens.device)
             try:

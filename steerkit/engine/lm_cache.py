@@ -1,5 +1,6 @@
-"""The language model's side of continuous batching: one KV cache over the running rows, which newcomers join
-(prefilled alone, then left-padded and concatenated) and finished rows leave (``index_select``).
+"""The language model's side of the engine: one KV cache over the running rows. A batch starts prefilled
+together (:meth:`LMBatch.prefill_padded`, ``generate``), or newcomers join it (prefilled alone, then
+left-padded and concatenated: the server's continuous batching) and finished rows leave (``index_select``).
 
 Every row's real tokens are the right-aligned columns of the cache (each step appends one column to every
 row), so the width is the longest row; columns no remaining row uses are cropped when rows leave. Position
@@ -60,6 +61,21 @@ class LMBatch:
                     f"{type(self.model).__name__} uses a sliding-window KV cache ({type(layer).__name__}); the "
                     "serving engine batches full-attention caches only. Serve another LM.")
         return Prefilled(cache, len(ids), out.logits[:, -1, :].float())
+
+    @torch.no_grad()
+    def prefill_padded(self, rows_ids: list[list[int]], tokenizer) -> None:
+        """Start the batch with these prompts in one forward, padded by ``tokenizer`` (left padding), as
+        ``steerkit.generate`` and transformers prefill a batch; the batch must be empty."""
+        if self.size:
+            raise RuntimeError("prefill_padded starts a batch: this one is running")
+        enc = tokenizer.pad({"input_ids": rows_ids}, return_tensors="pt")
+        input_ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                         use_cache=True, logits_to_keep=1, **cache_kwargs(self.model, cache))
+        self.cache, self.mask, self.pos = cache, mask, positions[:, -1] + 1
+        self.logits = out.logits[:, -1, :].float()
 
     def join(self, newcomers: list[Prefilled]) -> None:
         """Append prefilled rows after the running ones (left-padding every cache to the widest)."""

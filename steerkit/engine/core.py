@@ -1,0 +1,236 @@
+"""The one engine core: a batch of rows, their LM cache, their reward sessions, and the decode step.
+
+Every surface decodes through :class:`EngineCore`: :func:`steerkit.generate` (rows that share their settings and
+one RNG, prefilled together; a finished row stays in the batch, fed padding, until the batch ends, exactly as
+transformers' ``generate`` does), and the HTTP server's continuous batching (rows with their own settings
+and generators, prefilled alone, joining and leaving between steps). The batch, evaluation runs, Ray actors
+and distillation reach it through ``generate``.
+
+A step (:meth:`EngineCore.step`): the LM's next-token logits of every row, the RAD step of
+:mod:`steerkit.engine.step` (top-K, each reward scored only on the rows that use it, Σ β ρ, each row's k
+mask, each row's choice), one read of the chosen ids and the rows' ``ok`` flags, each row's text and finish,
+reward sessions committed. The caller then drops finished rows (:meth:`remove`) and calls :meth:`advance`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..steering import raise_non_finite
+from .lm_cache import LMBatch
+from .reward_groups import RewardGroup
+from .rows import Row
+from .step import BatchPlan, StepOutput, make_plan, rad_step
+
+
+@dataclass
+class Emitted:
+    """What a step did to one row: its token, the text that became final, its finish reason (None: it goes
+    on), the traced rewards of the chosen token."""
+
+    row: Row
+    token: int
+    text: str
+    finish: str | None
+    rewards: dict[str, float] | None = None
+
+
+@dataclass
+class StepReport:
+    emitted: list[Emitted]
+    failed: dict  # row -> exception
+    output: StepOutput | None = None
+    reward_seconds: dict[str, float] = field(default_factory=dict)
+
+
+class EngineCore:
+    """Rows, their LM cache and reward groups, and the step. ``shared_rng``: the rows draw from the default RNG
+    together (``generate``); otherwise each sampled row draws from its own generator. ``strict``: a reward's
+    failure raises (``generate``); otherwise it fails only the rows it hit (the server)."""
+
+    def __init__(self, lm, tokenizer, *, eos: Sequence[int] = (), vocab_size: int, shared_rng: bool = False,
+                 strict: bool = False, names=None):
+        self.lm, self.tokenizer = lm, tokenizer
+        self.eos = set(eos)
+        self.vocab_size = vocab_size
+        self.shared_rng, self.strict = shared_rng, strict
+        self.batch = LMBatch(lm)
+        self.rows: list[Row] = []
+        self.groups: dict[int, RewardGroup] = {}
+        self._names = names or (lambda reward: getattr(reward, "name", "reward"))
+        self._plan: BatchPlan | None = None
+        self.last_tokens: torch.Tensor | None = None  # the step's tokens as committed (padding for finished rows)
+        self._stepped: list[Row] = []
+
+    # -- rows joining and leaving -------------------------------------------------------------------------
+    def admit(self, rows: list[Row], *, together: bool = False) -> dict:
+        """Prefill newcomers and start their reward sessions: each alone (the server: the same logits whatever
+        else runs), or ``together`` in one left-padded forward (``generate``: the batch must be empty).
+        Returns ``{row: exception}`` for rows that could not start (``strict``: raises)."""
+        failed: dict = {}
+        if together:
+            for row in rows:
+                row.start(self.tokenizer, self.batch.device, self.shared_rng)
+            self.batch.prefill_padded([row.prompt_ids for row in rows], self.tokenizer)
+            ready = list(rows)
+        else:
+            ready, prefilled = [], []
+            for row in rows:
+                try:
+                    row.start(self.tokenizer, self.batch.device, self.shared_rng)
+                    prefilled.append(self.batch.prefill(row.prompt_ids))
+                    ready.append(row)
+                except Exception as exc:  # noqa: BLE001
+                    if self.strict:
+                        raise
+                    failed[row] = exc
+            self.batch.join(prefilled)
+        self.rows += ready
+        self._plan = None
+        failed.update(self._join_rewards(ready))
+        return failed
+
+    def _join_rewards(self, rows: list[Row]) -> dict:
+        by_reward: dict[int, list[Row]] = {}
+        for row in rows:
+            for reward in {id(t.reward): t.reward for t in row.terms}.values():
+                by_reward.setdefault(id(reward), []).append(row)
+                if id(reward) not in self.groups:
+                    self.groups[id(reward)] = RewardGroup(self._names(reward), reward, self.tokenizer, self.strict)
+        failed: dict = {}
+        for key, members in by_reward.items():
+            failed.update(self.groups[key].join(members))
+        return failed
+
+    def remove(self, gone) -> dict:
+        """Drop rows from the batch and every reward group; returns rows that broke while groups were rebuilt."""
+        gone = set(gone)
+        if not gone:
+            return {}
+        keep = [b for b, row in enumerate(self.rows) if row not in gone]
+        self.rows = [self.rows[b] for b in keep]
+        if self.batch.size:
+            self.batch.keep(torch.tensor(keep, dtype=torch.long))
+        more: dict = {}
+        for key in list(self.groups):
+            group = self.groups[key]
+            more.update(group.leave(gone))
+            if not group.parts:
+                del self.groups[key]
+        self._plan = None
+        return {r: e for r, e in more.items() if r in self.rows}
+
+    def reset(self) -> None:
+        self.rows, self.groups, self._plan = [], {}, None
+        self.batch.reset()
+
+    @property
+    def plan(self) -> BatchPlan:
+        if self._plan is None:
+            self._plan = make_plan(self.rows, self.batch.device, self.shared_rng)
+        return self._plan
+
+    # -- the step ---------------------------------------------------------------------------------------
+    def step(self, *, keep_output: bool = False) -> StepReport:
+        """One decoding step of every row (finished rows of a shared batch included, fed padding)."""
+        rows, plan = self.rows, self.plan
+        where = {row: b for b, row in enumerate(rows)}
+        failed: dict = {}
+        seconds: dict[str, float] = {}
+
+        def score(ids: torch.Tensor) -> dict:
+            rho = {}
+            for key, group in self.groups.items():
+                if group.parts:
+                    start = time.perf_counter()
+                    rho[key], errors = group.score(ids, where)
+                    seconds[group.name] = time.perf_counter() - start
+                    failed.update(errors)
+            return rho
+
+        out = rad_step(self.batch.logits, plan, score, [row.steps for row in rows])
+        tokens, ok = torch.stack([out.tokens, out.ok.to(out.tokens.dtype)]).tolist()  # the step's one read
+        if not all(ok):
+            self._non_finite(out, [b for b, v in enumerate(ok) if not v], failed)
+        emitted = self._emit(out, tokens, failed)
+        self._commit(out.tokens, where, failed, seconds)
+        return StepReport(emitted, failed, out if keep_output else None, seconds)
+
+    def _non_finite(self, out: StepOutput, bad: list[int], failed: dict) -> None:
+        """A row whose reward was NaN/±inf (or whose scores overflowed) fails; ``strict``: the call raises,
+        naming the reward (and row) over the whole batch, as ``generate`` always did."""
+        if self.strict:
+            terms = self.rows[0].terms
+            raise_non_finite(out.topk_ids, out.topk_logits, {t.name: out.shaped[j] for j, t in enumerate(terms)},
+                             terms, self.rows[0].steps)
+        for b in bad:
+            row = self.rows[b]
+            if row in failed:
+                continue
+            rewards = {t.name: out.shaped[j][b:b + 1, :row.k] for j, t in enumerate(row.terms)}
+            try:
+                raise_non_finite(out.topk_ids[b:b + 1, :row.k], out.topk_logits[b:b + 1, :row.k], rewards,
+                                 row.terms, row.steps)
+            except Exception as exc:  # noqa: BLE001 - this row only
+                failed[row] = exc
+
+    def _emit(self, out: StepOutput, tokens: list[int], failed: dict) -> list[Emitted]:
+        traced = self._traced_rewards(out) if any(row.trace for row in self.rows) else None
+        emitted = []
+        for b, row in enumerate(self.rows):
+            row.steps += 1
+            if row.finished or row in failed:
+                continue
+            token = tokens[b]
+            row.ids.append(token)
+            eos = token in self.eos
+            last = eos or len(row.ids) >= row.max_tokens
+            delta, stopped = row.text.push(row.ids[:-1] if eos else row.ids, final=last)
+            finish = "stop" if eos or stopped else ("length" if last else None)
+            row.finished = finish is not None
+            rewards = None
+            if traced is not None and row.trace:
+                rewards = {t.name: traced[j][b] for j, t in enumerate(row.terms)}
+            emitted.append(Emitted(row, token, delta, finish, rewards))
+        return emitted
+
+    @staticmethod
+    def _traced_rewards(out: StepOutput) -> list[list[float]]:
+        """Per slot, each row's shaped reward of its chosen token (one read for all)."""
+        if not out.shaped:
+            return []
+        chosen = (out.topk_ids == out.tokens[:, None]).long().argmax(-1, keepdim=True)
+        return torch.stack([s.gather(1, chosen)[:, 0] for s in out.shaped]).tolist()
+
+    def _commit(self, tokens: torch.Tensor, where: dict, failed: dict, seconds: dict) -> None:
+        """Tell the reward sessions each row's token (a finished row of a shared batch: its padding)."""
+        pad = self._pad_id()
+        finished = [row.finished and len(row.ids) < row.steps for row in self.rows]
+        if any(finished):
+            tokens = torch.where(torch.tensor(finished, device=tokens.device), pad, tokens)
+        self.last_tokens, self._stepped = tokens, list(self.rows)
+        for group in self.groups.values():
+            if group.parts:
+                start = time.perf_counter()
+                for row, exc in group.commit(tokens, where).items():
+                    failed.setdefault(row, exc)
+                seconds[group.name] = seconds.get(group.name, 0.0) + time.perf_counter() - start
+
+    def _pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = min(self.eos) if self.eos else 0
+        return pad
+
+    def advance(self) -> None:
+        """The LM reads each remaining row's newest token (a finished row of a shared batch: its padding)."""
+        tokens = self.last_tokens
+        if self.rows != self._stepped:
+            position = {row: b for b, row in enumerate(self._stepped)}
+            index = torch.tensor([position[row] for row in self.rows], dtype=torch.long, device=tokens.device)
+            tokens = tokens.index_select(0, index)
+        self.batch.advance(tokens)

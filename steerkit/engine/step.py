@@ -1,0 +1,218 @@
+"""The RAD step: the maths every surface runs, on a batch whose rows may each have their own settings.
+
+``scores = z_topk + Σ_j β_j(t) · f_j(ρ_j)`` over the batch's top-``K`` candidates, each row masked to its own
+top-``k`` (``topk`` is sorted, so a row's first ``k`` candidates are its own top-``k``), shifted to a row
+maximum of 0, ``-inf`` on every other token; then each row's argmax (temperature 0) or a draw from
+``softmax(scores / T)``.
+
+Rows carry their settings as a :class:`BatchPlan` (built when rows join or leave, not per step): ``k[B]``,
+the temperatures, the greedy mask, each row's generator (or the shared RNG) and the term *slots*: slot ``j``
+holds every row's ``j``-th term, so each row adds its terms in its own order (``combined + β·ρ`` per slot;
+a row without a ``j``-th term adds ``0·0``), exactly as a batch of that row alone would.
+
+Sampling is ``torch.multinomial``'s own algorithm, written out so that rows with their own generators share
+one batch: ``argmax(p / q)`` with ``q ~ Exp(1)`` drawn over the row's ``[V]`` (one ``[B, V]`` draw for rows
+that share the RNG, as ``generate`` and transformers do, one ``[1, V]`` draw per seeded row). A given seed
+therefore draws what ``torch.multinomial`` drew before, token for token.
+
+Nothing here reads a tensor back to the host: the caller reads the sampled ids and the per-row ``ok`` flags
+(:attr:`StepOutput.ok`, False where a reward was NaN/±inf or the scores overflowed) once, together.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+#: ``(row index tensor or None for all rows, reward key, transform)``: one group of a slot.
+SlotGroup = tuple
+
+
+@dataclass
+class Slot:
+    """Slot ``j``: the ``j``-th term of every row that has one."""
+
+    groups: list  # [(index [b] or None, reward key, transform or None)]
+    terms: list  # per batch row: its j-th SteeringTerm, or None
+    shared: object  # the one SteeringTerm every row has here (generate, the LogitsProcessor), else None
+
+
+@dataclass
+class BatchPlan:
+    """The settings of the batch's rows, as tensors and lists the step reads without host syncs."""
+
+    K: int  # candidates scored: the largest k of the batch
+    k: torch.Tensor | None  # [B] per-row k, or None when every row's k is K
+    temperatures: list[float]  # per row; 0 = greedy
+    generators: list | None  # per row torch.Generator (None: greedy); None for the whole list: the shared RNG
+    slots: list[Slot]
+
+    @property
+    def size(self) -> int:
+        return len(self.temperatures)
+
+
+def make_plan(rows: Sequence, device, shared_rng: bool) -> BatchPlan:
+    """The plan of ``rows`` (objects with ``k``, ``temperature``, ``generator`` and ``terms``)."""
+    ks = [row.k for row in rows]
+    K = max(ks)
+    k = None if all(v == K for v in ks) else torch.tensor(ks, dtype=torch.long, device=device)
+    slots = []
+    for j in range(max((len(row.terms) for row in rows), default=0)):
+        terms = [row.terms[j] if j < len(row.terms) else None for row in rows]
+        by_key: dict = {}
+        for b, term in enumerate(terms):
+            if term is not None:
+                by_key.setdefault((id(term.reward), term.transform_key), (term, []))[1].append(b)
+        groups = []
+        for term, members in by_key.values():
+            index = None if len(members) == len(rows) else torch.tensor(members, dtype=torch.long, device=device)
+            groups.append((index, id(term.reward), term.transform))
+        shared = terms[0] if all(t is terms[0] for t in terms) else None
+        slots.append(Slot(groups, terms, shared))
+    generators = None if shared_rng else [row.generator for row in rows]
+    return BatchPlan(K, k, [row.temperature for row in rows], generators, slots)
+
+
+@dataclass
+class StepOutput:
+    """One step of a batch: the chosen ids [B] (on the device), the per-row ``ok`` [B] (bool), and what traces
+    and callers inspect."""
+
+    tokens: torch.Tensor | None  # None until sampled
+    ok: torch.Tensor
+    topk_ids: torch.Tensor  # [B, K]
+    topk_logits: torch.Tensor  # [B, K]
+    combined: torch.Tensor  # [B, K]: z + Σ β ρ (before the k mask)
+    shaped: list[torch.Tensor]  # per slot: [B, K] shaped rewards (0 for rows without that slot)
+    betas: list  # per slot: a float, or [B] floats
+    scores: torch.Tensor  # [B, V]: the shifted scores sampled from
+
+
+def candidates(logits: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-``K`` logits (float32) and ids of each row."""
+    return logits.float().topk(K, dim=-1)
+
+
+def slot_betas(slot: Slot, steps: Sequence[int]) -> float | list[float]:
+    """β of every row in this slot at each row's step (0 for rows without the slot's term)."""
+    if slot.shared is not None and (slot.shared.schedule.kind == "constant" or len(set(steps)) == 1):
+        return slot.shared.weight(steps[0])  # one Python float, as a batch sharing its terms always used
+    return [0.0 if t is None else t.weight(s) for t, s in zip(slot.terms, steps)]
+
+
+def combine_slots(z: torch.Tensor, plan: BatchPlan, rho: dict, betas: list) -> tuple[torch.Tensor, list, torch.Tensor]:
+    """``z + Σ_j β_j · f_j(ρ_j)`` ([B, K]), the shaped rewards per slot, and the per-row sum of them (for the
+    finiteness check). ``rho`` maps each reward key to its raw rewards [B, K] (rows that do not use it: any)."""
+    combined = z.clone()
+    shaped = []
+    reward_sum = None
+    for slot, beta in zip(plan.slots, betas):
+        values = _slot_rewards(slot, rho, z)
+        shaped.append(values)
+        reward_sum = values if reward_sum is None else reward_sum + values
+        if isinstance(beta, float):
+            if beta:
+                combined = combined + beta * values
+        else:
+            combined = combined + torch.tensor(beta, dtype=combined.dtype, device=combined.device)[:, None] * values
+    return combined, shaped, reward_sum
+
+
+def _slot_rewards(slot: Slot, rho: dict, like: torch.Tensor) -> torch.Tensor:
+    if len(slot.groups) == 1 and slot.groups[0][0] is None:
+        _, key, transform = slot.groups[0]
+        values = rho[key].to(like.device, like.dtype)
+        return transform(values) if transform is not None else values
+    values = torch.zeros_like(like)
+    for index, key, transform in slot.groups:
+        part = rho[key].to(like.device, like.dtype).index_select(0, index)
+        values.index_copy_(0, index, transform(part) if transform is not None else part)
+    return values
+
+
+def row_ok(combined: torch.Tensor, reward_sum: torch.Tensor | None, in_k: torch.Tensor | None) -> torch.Tensor:
+    """[B] bool: no reward NaN/±inf and no score NaN/+inf among each row's own k candidates."""
+    bad = ~(combined < math.inf)
+    if reward_sum is not None:
+        bad = bad | ~torch.isfinite(reward_sum)
+    if in_k is not None:
+        bad = bad & in_k
+    return ~bad.any(-1)
+
+
+def shifted_scores(combined: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Float32 scores [B, V]: ``combined`` [B, K] at ``ids`` [B, K], shifted to a row max of 0; -inf elsewhere.
+
+    Shifted so that each row's best candidate scores 0 (softmax and argmax are shift-invariant): dividing by
+    a tiny temperature then gives 0 and -inf instead of inf - inf = NaN, for steerkit.generate and for
+    transformers' temperature after the LogitsProcessor alike. Done on [B, K], not on the [B, V] scores.
+    """
+    shifted = combined - combined.amax(dim=-1, keepdim=True)
+    scores = torch.full((combined.shape[0], vocab_size), float("-inf"), dtype=torch.float32, device=combined.device)
+    return scores.scatter_(1, ids, shifted)
+
+
+def sample(scores: torch.Tensor, temperatures: Sequence[float], generators: list | None) -> torch.Tensor:
+    """Each row's token [B]: argmax where its temperature is 0, else a draw from softmax(scores / T).
+
+    ``generators`` None: the sampled rows share the default RNG, one ``[B, V]`` draw (``torch.multinomial`` on
+    the batch); else each sampled row draws ``[1, V]`` from its own generator (``torch.multinomial`` on that
+    row alone). Rows of one temperature are divided by it as a Python float, as ``generate`` always did.
+    """
+    greedy = [t == 0 for t in temperatures]
+    if all(greedy):
+        return scores.argmax(-1)
+    probs = torch.softmax(_scale(scores, temperatures), dim=-1)
+    if generators is None:
+        noise = torch.empty_like(probs).exponential_(1)
+    else:
+        noise = torch.ones_like(probs)
+        for b, g in enumerate(generators):
+            if not greedy[b]:
+                noise[b:b + 1] = torch.empty((1, probs.shape[1]), dtype=probs.dtype,
+                                             device=probs.device).exponential_(1, generator=g)
+    tokens = (probs / noise).argmax(-1)
+    if any(greedy):
+        mask = torch.tensor(greedy, device=scores.device)
+        tokens = torch.where(mask, scores.argmax(-1), tokens)
+    return tokens
+
+
+def _scale(scores: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
+    values = {t for t in temperatures if t != 0}
+    if len(values) == 1 and len(values) == len(set(temperatures)):
+        return scores / next(iter(values))
+    scaled = scores.clone()
+    for t in values:
+        index = torch.tensor([b for b, v in enumerate(temperatures) if v == t], dtype=torch.long, device=scores.device)
+        scaled.index_copy_(0, index, scores.index_select(0, index) / t)
+    return scaled
+
+
+def score_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Tensor], dict],
+               steps: Sequence[int]) -> StepOutput:
+    """Everything of a RAD step but the choice: top-K, every reward scored (``score(topk_ids) -> {reward key:
+    [B, K]}``), Σ β ρ per slot, the per-row ``ok``, each row's k mask and the shifted scores [B, V]."""
+    z, ids = candidates(logits, plan.K)
+    rho = score(ids)
+    betas = [slot_betas(slot, steps) for slot in plan.slots]
+    combined, shaped, reward_sum = combine_slots(z, plan, rho, betas)
+    in_k = None
+    if plan.k is not None:
+        in_k = torch.arange(plan.K, device=z.device)[None, :] < plan.k[:, None]
+    ok = row_ok(combined, reward_sum, in_k)
+    masked = combined if in_k is None else combined.masked_fill(~in_k, float("-inf"))
+    scores = shifted_scores(masked, ids, logits.shape[-1])
+    return StepOutput(None, ok, ids, z, combined, shaped, betas, scores)
+
+
+def rad_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Tensor], dict],
+             steps: Sequence[int]) -> StepOutput:
+    """One RAD step over a batch: :func:`score_step`, then each row's choice (:func:`sample`)."""
+    out = score_step(logits, plan, score, steps)
+    out.tokens = sample(out.scores, plan.temperatures, plan.generators)
+    return out
