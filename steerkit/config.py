@@ -11,7 +11,9 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator,
+)
 
 from .devices import DeviceName
 from .errors import ConfigError
@@ -57,6 +59,7 @@ class RewardSpec(BaseModel):
     beta_start: float = 0.0
     ramp_steps: int = Field(default=1, ge=1)
     context: Literal["continuation", "full"] = "continuation"
+    _param: str | None = PrivateAttr(default=None)  # where a request wrote it (rewards.toxicity, rewards.0.name)
 
     @field_validator("beta", "beta_start")
     @classmethod
@@ -71,11 +74,6 @@ class RewardSpec(BaseModel):
         if not 0.0 <= lo <= hi <= 1.0:
             raise ValueError(f"clamp must satisfy 0 <= low <= high <= 1, got {self.clamp}")
         return self
-
-    def to_term(self, backend: str = "torch"):
-        from .terms import term_from_spec
-
-        return term_from_spec(self, backend=backend)
 
 
 class SteeringConfig(ValidatedConfig):

@@ -15,10 +15,8 @@ from .engine.step import sample
 from .engine.text import cut_at_stop
 from .errors import InvalidArgumentError, PromptTooLongError
 from .models import context_length
-from .steering import (
-    SteeringTerm, check_terms, check_unicode, validate_int, validate_k, validate_seed, validate_stop_strings,
-    validate_temperature, warn_if_slow,
-)
+from .params import SteerParams
+from .steering import SteeringTerm, check_terms, check_unicode, validate_int, validate_k, warn_if_slow
 from .terms import build_terms
 
 
@@ -159,34 +157,39 @@ class RewardAugmentedGenerator:
 
     def generate(self, prompts: Sequence[str], *, max_new_tokens: int = 20, do_sample: bool = True,
                  temperature: float = 1.0, num_return_sequences: int = 1, seed: int | None = None,
-                 eos_token_id=None, stop_strings: Sequence[str] | None = None, chat_template: bool = False,
-                 return_traces: bool = False, batch_size: int | None = None, progress: bool = False) -> GenerationOutput:
+                 eos_token_id=None, stop_strings: Sequence[str] | None = None, include_stop_strings: bool = True,
+                 chat_template: bool = False, return_traces: bool = False, batch_size: int | None = None,
+                 progress: bool = False) -> GenerationOutput:
         prompts = _validate_prompts(prompts)
-        max_new_tokens = validate_int("max_new_tokens", max_new_tokens)
+        params = SteerParams.create(max_new_tokens=max_new_tokens, temperature=temperature, do_sample=do_sample,
+                                    seed=seed, stop=stop_strings, include_stop=include_stop_strings,
+                                    zero_temperature=False)
         num_return_sequences = validate_int("num_return_sequences", num_return_sequences)
         if batch_size is not None:
             batch_size = validate_int("batch_size", batch_size, hint=" (rows decoded together) or None for all rows")
-        seed = validate_seed(seed)
-        if do_sample:
-            temperature = validate_temperature(temperature)
-        stop_strings = validate_stop_strings(stop_strings)
         formatted = self.format_prompts(prompts, chat_template)
-        self._check_lengths(formatted, max_new_tokens)
+        self._check_lengths(formatted, params.max_new_tokens)
         rows = [p for p in prompts for _ in range(num_return_sequences)]
         row_inputs = [p for p in formatted for _ in range(num_return_sequences)]
+        return self.run(params, row_inputs, rows, eos=eos_ids(self.model, self.tokenizer, eos_token_id),
+                        return_traces=return_traces, batch_size=batch_size, progress=progress)
+
+    def run(self, params: SteerParams, row_inputs: list[str], rows: list[str], *, eos: list[int],
+            return_traces: bool = False, batch_size: int | None = None, progress: bool = False) -> GenerationOutput:
+        """Decode ``row_inputs`` (what the LM reads; ``rows``: what the rewards see) with validated ``params``,
+        in batches of ``batch_size`` rows that share the default RNG (seeded with ``params.seed``)."""
         batch_size = batch_size or len(rows)
-        eos = eos_ids(self.model, self.tokenizer, eos_token_id)
         start = time.perf_counter()
         texts, seqs, counts, traces = [], [], [], []
-        rng = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
+        rng = torch.random.fork_rng(devices=[]) if params.seed is not None else contextlib.nullcontext()
         with rng, torch.no_grad():
-            if seed is not None:
-                torch.manual_seed(seed)
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
             chunks = range(0, len(rows), batch_size)
-            with _Progress(progress, len(chunks), max_new_tokens if self.slow else 0) as bar:
+            with _Progress(progress, len(chunks), params.max_new_tokens if self.slow else 0) as bar:
                 for lo in chunks:
-                    out = self._generate_batch(row_inputs[lo:lo + batch_size], rows[lo:lo + batch_size], max_new_tokens,
-                                               do_sample, temperature, eos, stop_strings, return_traces, bar)
+                    out = self._generate_batch(row_inputs[lo:lo + batch_size], rows[lo:lo + batch_size], params, eos,
+                                               return_traces, bar)
                     texts += out[0]
                     seqs.append(out[1])
                     counts += out[2]
@@ -210,16 +213,17 @@ class RewardAugmentedGenerator:
                     f"context of {limit} tokens. Shorten the prompt or lower max_new_tokens."
                 )
 
-    def _generate_batch(self, prompts, raw_prompts, max_new_tokens, do_sample, temperature, eos, stop_strings,
-                        return_traces, bar: "_Progress | None" = None, include_stop: bool = True):
+    def _generate_batch(self, prompts, raw_prompts, params: SteerParams, eos, return_traces,
+                        bar: "_Progress | None" = None):
         """One batch through the engine core: rows sharing every setting and the default RNG, prefilled together;
         a finished row stays in the batch (fed padding) until every row has finished or the length is reached."""
         tok = self.tokenizer
         core = EngineCore(self.model, tok, eos=eos, vocab_size=self.vocab_size, shared_rng=True, strict=True)
         ids = tok(prompts, add_special_tokens=False)["input_ids"]
-        rows = [Row(raw, row_ids, self.terms, self.k, temperature if do_sample else 0.0, max_new_tokens,
-                    stop_strings, include_stop) for raw, row_ids in zip(raw_prompts, ids)]
+        rows = [Row(raw, row_ids, self.terms, self.k, params.temperature, params.max_new_tokens, list(params.stop),
+                    params.include_stop) for raw, row_ids in zip(raw_prompts, ids)]
         core.admit(rows, together=True)
+        max_new_tokens = params.max_new_tokens
         generated, trace = [], []
         for step in range(max_new_tokens):
             report = core.step(keep_output=return_traces)
@@ -232,7 +236,7 @@ class RewardAugmentedGenerator:
                 break
             core.advance()
         seq = torch.stack(generated, 1).cpu()
-        texts, counts = self._decode(seq, eos, stop_strings, include_stop)
+        texts, counts = self._decode(seq, eos, list(params.stop), params.include_stop)
         return texts, seq, counts, trace
 
     def _trace(self, out, tokens: torch.Tensor, rows: list, step: int) -> StepTrace:

@@ -11,6 +11,10 @@ class InvalidArgumentError(SteerkitError, ValueError):
     """A parameter is out of range or malformed (k, beta, prompts, temperature, ...)."""
 
 
+class UnknownRewardError(InvalidArgumentError):
+    """A request names a reward the server does not serve."""
+
+
 class PromptTooLongError(InvalidArgumentError):
     """A prompt plus ``max_new_tokens`` does not fit in the model's context window."""
 

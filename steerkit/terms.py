@@ -10,11 +10,10 @@ applies the β schedule, the transform and the label that names the term in trac
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
-from .errors import InvalidArgumentError
 from .rewards.backends import DEFAULT_BACKEND
-from .steering import BetaSchedule, SteeringTerm, check_unicode, make_transform, validate_beta
+from .steering import BetaSchedule, SteeringTerm, check_unicode, make_transform
 
 #: ``load(reference, backend=..., context=...) -> Reward``; :func:`~steerkit.rewards.loading.load_reward` by default.
 Loader = Callable[..., object]
@@ -52,37 +51,23 @@ def terms_from_specs(specs: Sequence, *, backend: str = DEFAULT_BACKEND,
     return [term_from_spec(spec, backend=backend, load=load) for spec in specs]
 
 
-def build_terms(rewards: Mapping | Sequence | None, *, backend: str = DEFAULT_BACKEND) -> list[SteeringTerm]:
-    """Normalise ``{"toxicity": -10, "path/to/rm": 5}`` / ``[SteeringTerm, ...]`` / ``[(reward, beta)]``.
+def build_terms(rewards, *, backend: str = DEFAULT_BACKEND) -> list[SteeringTerm]:
+    """Steering terms from ``generate(rewards=...)``: ``{"toxicity": -10, "path/to/rm": 5}``,
+    ``[SteeringTerm, ...]``, ``[(reward, beta)]`` or reward specs (:func:`steerkit.params.parse_rewards`, the
+    one parser of rewards input). Every beta is checked before any reward model is loaded."""
+    from .params import parse_rewards, resolve_terms
 
-    Every beta is checked before any reward model is loaded; each pair becomes a term through :func:`build_term`.
-    """
-    forms = ("rewards must be a mapping of reward references to beta ({'toxicity': -10, 'path/to/rm': 5}), or a "
-             "list of SteeringTerm objects or (reference, beta) pairs ([('toxicity', -10)])")
-    if rewards is None:
-        return []
-    if isinstance(rewards, Mapping):
-        items = list(rewards.items())
-    elif isinstance(rewards, (str, bytes)) or not isinstance(rewards, Sequence):
-        raise InvalidArgumentError(f"{forms}; got {type(rewards).__name__} {rewards!r}.")
-    else:
-        items = list(rewards)
-    pairs: list = []  # SteeringTerms and checked (reference, beta) pairs; nothing is loaded until all are checked
-    for i, item in enumerate(items):
-        if isinstance(item, SteeringTerm):
-            pairs.append(item)
-            continue
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise InvalidArgumentError(f"{forms}; item {i} is {item!r}.")
-        ref, beta = item
-        if isinstance(ref, str):
-            if not ref:
-                raise InvalidArgumentError(f"Reward {i} has an empty reference; name a registered reward or a directory.")
-            check_unicode(ref, f"Reward reference {i}")
-        elif not callable(getattr(ref, "start", None)):
-            raise InvalidArgumentError(f"Reward {i} ({ref!r}) is neither a reward reference (a registered name or a "
-                                       "reward-model directory) nor a Reward object with a start() method.")
-        if not isinstance(beta, BetaSchedule):
-            validate_beta(beta, f"beta for reward {ref if isinstance(ref, str) else getattr(ref, 'name', '?')!r}")
-        pairs.append((ref, beta))
-    return [item if isinstance(item, SteeringTerm) else build_term(*item, backend=backend) for item in pairs]
+    return resolve_terms(parse_rewards(rewards), reference_loader(backend))
+
+
+def reference_loader(backend: str = DEFAULT_BACKEND, load: Loader | None = None):
+    """``load(reference, context)`` for :func:`steerkit.params.resolve_terms`: the reward registry and
+    reward-model directories (``context`` None: continuation)."""
+    if load is None:
+        from .rewards.loading import load_reward as load
+
+    def loader(reference: str, context: str | None):
+        check_unicode(reference, "Reward reference")
+        return load(reference, backend=backend, context=context or "continuation")
+
+    return loader

@@ -11,7 +11,6 @@ server offers), ``GET /health``, ``GET /metrics`` (Prometheus), ``GET /`` (the p
 from __future__ import annotations
 
 import asyncio
-import difflib
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -112,7 +111,7 @@ def _check_open(request: Request) -> None:
 
 
 def _check_common(server: _Server, body) -> tuple[int, object]:
-    """The checks both completion routes make (model, n, max_tokens, reward names); returns the request's
+    """The checks both completion routes make (model, n, max_tokens); returns the request's
     max_tokens (the server's default when it sent none) and its rewards."""
     model_name, settings = server.model_name, server.settings
     if body.model is not None and body.model != model_name:
@@ -126,7 +125,6 @@ def _check_common(server: _Server, body) -> tuple[int, object]:
     if max_tokens > settings.max_tokens_limit:
         raise HTTPError(400, f"max_tokens must be at most {settings.max_tokens_limit} on this server, got "
                         f"{max_tokens}.", param="max_tokens", code="invalid_value")
-    _check_reward_names(server.engine, body.rewards)
     return max_tokens, body.rewards
 
 
@@ -137,22 +135,6 @@ def _check_rows(engine, body, prompts: int) -> None:
         raise HTTPError(400, f"this request asks for {rows} rows ({prompts} prompt(s) × n={body.n}); this server "
                         f"queues at most {queue} rows at a time (steerkit serve --max-queue): lower n or send "
                         "fewer prompts per request.", param="n", code="invalid_value")
-
-
-def _check_reward_names(engine, rewards) -> None:
-    """A 400 naming the first reward the engine does not serve, with the closest name it does as a hint."""
-    if rewards is None:
-        return
-    names = list(rewards) if isinstance(rewards, dict) else [spec.name for spec in rewards]
-    available = list(engine.reward_names())
-    for i, name in enumerate(names):
-        if name not in available:
-            close = difflib.get_close_matches(name, available, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            param = f"rewards.{name}" if isinstance(rewards, dict) else f"rewards.{i}.name"
-            raise HTTPError(400, f"unknown reward {name!r}; this server offers "
-                            f"{', '.join(available) or 'no rewards'} (GET /v1/models).{hint}", param=param,
-                            code="unknown_reward")
 
 
 def _chat_prompt(server: _Server, body) -> str:

@@ -41,7 +41,6 @@ import time
 from collections import deque
 from typing import Mapping, Protocol, Sequence
 
-import torch
 
 from ..decoding import eos_ids
 from ..engine.core import EngineCore

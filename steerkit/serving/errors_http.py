@@ -76,7 +76,7 @@ _PARAM_WORDS = (("temperature", "temperature"), ("seed", "seed"), ("stop", "stop
 def from_steerkit(exc: Exception, *, prompt_param: str = "prompt", retry_after_s: float = 1.0) -> HTTPError:
     """The HTTP error for a typed steerkit error raised while validating or admitting a request."""
     message = str(exc).replace("use do_sample=False for greedy decoding", "send temperature 0 for greedy decoding")
-    param = getattr(exc, "param", None) or _guess_param(message, prompt_param)
+    param = getattr(exc, "path", None) or getattr(exc, "param", None) or _guess_param(message, prompt_param)
     if param == "prompt":
         param = prompt_param
     if isinstance(exc, errors.ServerBusyError):
@@ -87,8 +87,9 @@ def from_steerkit(exc: Exception, *, prompt_param: str = "prompt", retry_after_s
         return HTTPError(503, message, type="service_unavailable_error", code="shutting_down")
     if isinstance(exc, errors.PromptTooLongError):
         return HTTPError(400, message, param=param or prompt_param, code="context_length_exceeded")
-    if isinstance(exc, errors.PluginError):
-        return HTTPError(400, message, param="rewards", code="unknown_reward")
+    if isinstance(exc, (errors.PluginError, errors.UnknownRewardError)):
+        return HTTPError(400, message, param=param if isinstance(exc, errors.UnknownRewardError) else "rewards",
+                         code="unknown_reward")
     if isinstance(exc, errors.ModelNotFoundError):
         return HTTPError(404, message, type="not_found_error", param="model", code="model_not_found")
     if isinstance(exc, errors.NonFiniteRewardError):

@@ -20,12 +20,10 @@ silently gets something other than what it asked for.
 from __future__ import annotations
 
 import difflib
-import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..config import RewardSpec
 
 #: OpenAI fields steerkit does not implement, and the values that mean "not used" (accepted, ignored).
 NEUTRAL_FIELDS: dict[str, tuple] = {
@@ -109,41 +107,18 @@ def _neutral(value, neutral: tuple) -> bool:
     return any(type(value) is type(n) and value == n for n in neutral)
 
 
-def parse_rewards(value) -> dict[str, float] | list[RewardSpec] | None:
-    """``rewards`` as sent: None (server default), a name -> β mapping, or a list of reward specs."""
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        out = {}
-        for name, beta in value.items():
-            if not name:
-                raise ValueError("a reward name is empty; use a name from GET /v1/models (steering.rewards).")
-            if isinstance(beta, bool) or not isinstance(beta, (int, float)):
-                raise ValueError(f"the beta of reward {name!r} must be a number, got {beta!r}.")
-            try:
-                beta = float(beta)  # an integer too large for a float raises OverflowError (a 500 otherwise)
-            except OverflowError:
-                beta = math.inf
-            if not math.isfinite(beta):
-                raise ValueError(f"the beta of reward {name!r} must be a finite number, got {beta!r}.")
-            out[name] = beta
-        return out
-    if isinstance(value, list):
-        specs = []
-        for i, item in enumerate(value):
-            if not isinstance(item, dict):
-                raise ValueError(f"rewards[{i}] must be an object like {{\"name\": \"toxicity\", \"beta\": -10}}, "
-                                 f"got {item!r}.")
-            beta = item.get("beta")
-            if isinstance(beta, float) and not math.isfinite(beta):
-                raise ValueError(f"rewards[{i}].beta must be a finite number, got {beta!r}.")
-            try:
-                specs.append(RewardSpec.model_validate(item))
-            except Exception as exc:  # pydantic's ValidationError: name the item and the field
-                raise ValueError(f"rewards[{i}]: {_first_error(exc)}") from None
-        return specs
-    raise ValueError("rewards must be an object mapping reward names to beta ({\"toxicity\": -10}) or a list of "
-                     "reward specs ([{\"name\": \"toxicity\", \"beta\": -10}]).")
+def parse_rewards(value) -> list | None:
+    """``rewards`` as sent: None (server default), a name -> β mapping, or a list of reward specs, parsed by
+    :func:`steerkit.params.parse_rewards` (the one parser; its errors become pydantic's ``ValueError``)."""
+    from ..errors import SteerkitError
+    from ..params import parse_rewards as parse
+
+    if isinstance(value, dict) and any(not name for name in value):
+        raise ValueError("a reward name is empty; use a name from GET /v1/models (steering.rewards).")
+    try:
+        return parse(value)
+    except SteerkitError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _first_error(exc) -> str:

@@ -1,6 +1,6 @@
 """A row's steering terms from what a request wrote (``RowSpec.rewards``), over the rewards an engine serves.
 
-Every form goes through :class:`~steerkit.config.RewardSpec` and :func:`steerkit.terms.build_term`, so a
+Every form goes through :func:`steerkit.params.parse_rewards` and :func:`~steerkit.params.resolve_terms`, so a
 request's β schedule, transform, clamp and label mean exactly what they mean in a steering config. A name is
 looked up among the engine's rewards (never loaded from disk on request), as the server serves it; only a spec
 that states a ``context`` other than the served reward's gets a sibling scorer for that context.
@@ -8,13 +8,11 @@ that states a ``context`` other than the served reward's gets a sibling scorer f
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+import difflib
+from typing import Callable, Mapping
 
-from ..errors import InvalidArgumentError
-from ..steering import BetaSchedule, SteeringTerm, check_terms, check_unicode, validate_beta
-
-FORMS = ("rewards must be a mapping of reward names to beta ({'toxicity': -10}), or a list of reward specs "
-         "({'name': 'toxicity', 'beta': -10, 'label': ..., 'transform': ..., 'schedule': ...}) or (name, beta) pairs")
+from ..errors import InvalidArgumentError, UnknownRewardError
+from ..steering import SteeringTerm
 
 
 class RewardLookup:
@@ -34,7 +32,10 @@ class RewardLookup:
         reward = self.rewards.get(name)
         if reward is None:
             available = ", ".join(repr(n) for n in self.names()) or "none"
-            raise InvalidArgumentError(f"Unknown reward {name!r}; this server serves: {available}.")
+            close = difflib.get_close_matches(name, self.names(), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise UnknownRewardError(f"unknown reward {name!r}; this server serves: {available} (GET /v1/models)."
+                                     f"{hint}")
         have = getattr(reward, "context", None)
         if context is None or have is None or have == context:
             return reward
@@ -49,60 +50,9 @@ class RewardLookup:
         return self._siblings[key]
 
 
-def _specs(rewards) -> list:
-    """``RowSpec.rewards`` as a list of RewardSpec objects (β checked with steerkit's messages)."""
-    from pydantic import ValidationError
-
-    from ..config import RewardSpec, format_validation_error
-
-    if isinstance(rewards, Mapping):
-        items = list(rewards.items())
-    elif isinstance(rewards, (str, bytes)) or not isinstance(rewards, Sequence):
-        raise InvalidArgumentError(f"{FORMS}; got {type(rewards).__name__} {rewards!r:.80}.")
-    else:
-        items = list(rewards)
-    specs = []
-    for i, item in enumerate(items):
-        if isinstance(item, RewardSpec):
-            specs.append(item)
-            continue
-        if isinstance(item, Mapping):
-            data = dict(item)
-        elif isinstance(item, (tuple, list)) and len(item) == 2:
-            data = {"name": item[0], "beta": item[1]}
-        else:
-            raise InvalidArgumentError(f"{FORMS}; item {i} is {item!r:.80}.")
-        name = data.get("name")
-        if not isinstance(name, str) or not name:
-            raise InvalidArgumentError(f"Reward {i} needs a non-empty name (a reward this server serves), "
-                                       f"got {name!r}.")
-        check_unicode(name, f"Reward name {i}")
-        if "beta" not in data:
-            raise InvalidArgumentError(f"Reward {name!r} needs a beta (a number; < 0 steers away).")
-        validate_beta(data["beta"], f"beta for reward {name!r}")
-        try:
-            specs.append(RewardSpec.model_validate(data))
-        except ValidationError as exc:
-            raise InvalidArgumentError(format_validation_error(exc, f"reward spec {i} ({name!r})")) from None
-    return specs
-
-
 def row_terms(rewards, lookup: Callable) -> list[SteeringTerm]:
-    """The steering terms of ``rewards`` (a RowSpec's or the engine's default), checked like any steerkit terms:
-    known names, finite β within bounds, distinct labels, Σ|β| within float32."""
-    from ..terms import build_term
+    """The steering terms of ``rewards`` (a RowSpec's or the engine's default, in any form
+    :func:`steerkit.params.parse_rewards` reads), over the rewards ``lookup`` serves."""
+    from ..params import parse_rewards, resolve_terms
 
-    if rewards is None:
-        return []
-    terms = []
-    for spec in _specs(rewards):
-        context = spec.context if "context" in spec.model_fields_set else None
-        schedule = BetaSchedule(spec.beta, spec.schedule, spec.beta_start, spec.ramp_steps)
-        terms.append(build_term(lookup(spec.name, context), schedule, label=spec.label or spec.name,
-                                transform=spec.transform, clamp=spec.clamp))
-    return check_terms(terms)
-
-
-def describe(terms: list[SteeringTerm]) -> dict[str, float | BetaSchedule]:
-    """``{name: beta}`` of a row's terms (for stats and logs)."""
-    return {t.name: t.schedule.beta for t in terms}
+    return resolve_terms(parse_rewards(rewards), lookup)

@@ -3,12 +3,9 @@ messages match ``steerkit.generate`` and config files), each error tagged with `
 
 from __future__ import annotations
 
-import math
-
 from ..errors import InvalidArgumentError, PromptTooLongError, SteerkitError
-from ..steering import (
-    check_unicode, validate_int, validate_k, validate_seed, validate_stop_strings, validate_temperature,
-)
+from ..params import SteerParams
+from ..steering import check_unicode
 from ..engine.rows import Row
 from .requests import RowSpec
 from .row_terms import row_terms
@@ -46,6 +43,8 @@ def prepare_rows(engine, specs, handles) -> list[Row] | None:
 
 
 def _check_fields(engine, spec: RowSpec, terms: dict) -> dict:
+    """The spec's fields as :class:`~steerkit.params.SteerParams` (validated once), k within the LM's
+    vocabulary, and the row's terms (built once per rewards value)."""
     if not isinstance(spec, RowSpec):
         raise InvalidArgumentError(f"expected a RowSpec, got {type(spec).__name__}")
     prompt = spec.prompt
@@ -57,23 +56,18 @@ def _check_fields(engine, spec: RowSpec, terms: dict) -> dict:
     except SteerkitError as exc:
         raise _param(exc, "prompt") from None
     rewards = engine.default_rewards if spec.rewards is None else spec.rewards
-    checks = {
-        "max_tokens": lambda: validate_int("max_tokens", spec.max_tokens),
-        "temperature": lambda: _temperature(spec.temperature),
-        "k": lambda: engine.default_k if spec.k is None else validate_k(spec.k, engine.vocab_size),
-        "seed": lambda: validate_seed(spec.seed),
-        "stop": lambda: validate_stop_strings(spec.stop),
-        "timeout_s": lambda: _timeout(spec.timeout_s),
-        "rewards": lambda: terms[id(rewards)] if id(rewards) in terms else terms.setdefault(
-            id(rewards), row_terms(rewards, engine.lookup)),
-    }
-    values = {}
-    for name, check in checks.items():
+    params = SteerParams.create(max_new_tokens=spec.max_tokens, k=spec.k, temperature=spec.temperature,
+                                seed=spec.seed, stop=spec.stop, include_stop=spec.include_stop, trace=spec.trace,
+                                timeout_s=spec.timeout_s, vocab_size=engine.vocab_size,
+                                names={"max_new_tokens": "max_tokens"})
+    k = engine.default_k if params.k is None else params.k
+    if id(rewards) not in terms:
         try:
-            values[name] = check()
+            terms[id(rewards)] = row_terms(rewards, engine.lookup)
         except SteerkitError as exc:
-            raise _param(exc, name) from None
-    return values
+            raise _param(exc, "rewards") from None
+    return {"max_tokens": params.max_new_tokens, "temperature": params.temperature, "k": k, "seed": params.seed,
+            "stop": list(params.stop), "timeout_s": params.timeout_s, "rewards": terms[id(rewards)]}
 
 
 def _prompt_ids(engine, prompt: str, max_tokens: int) -> list[int]:
@@ -85,21 +79,3 @@ def _prompt_ids(engine, prompt: str, max_tokens: int) -> list[int]:
             f"The prompt has {len(ids)} tokens; with max_tokens={max_tokens} that exceeds the "
             f"model's context of {engine.context} tokens. Shorten the prompt or lower max_tokens."), "prompt")
     return ids
-
-
-def _temperature(value) -> float:
-    """0 (greedy, OpenAI's convention) or what :func:`~steerkit.steering.validate_temperature` accepts."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value == 0:
-            return 0.0
-        if value < 0:
-            raise InvalidArgumentError(f"temperature must be >= 0 (0 is greedy decoding), got {value!r}.")
-    return validate_temperature(value)
-
-
-def _timeout(value) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise InvalidArgumentError(f"timeout_s must be a number of seconds > 0 or None, got {value!r}.")
-    return float(value)
