@@ -47,7 +47,7 @@ def reward_dir(args) -> tuple[Path, str]:
     if args.layers is None and (SHIPPED / "reward_config.json").is_file():
         return SHIPPED, "shipped toxicity model"
     layers = args.layers or 4
-    from steerkit.models import cache_dir
+    from steerkit.files import cache_dir
 
     path = cache_dir() / "bench" / f"smollm2-untrained-{layers}l"
     if not (path / "reward_config.json").is_file():

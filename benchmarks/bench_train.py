@@ -100,7 +100,7 @@ def main(argv=None) -> int:
                       f"{c['step_seconds']:.3f}", f"{c['trainable_parameters']:,}")
     Console().print(table)
 
-    from steerkit.models import atomic_write_text
+    from steerkit.files import atomic_write_text
 
     cpu = platform.processor() or platform.machine()
     try:

@@ -4,7 +4,8 @@
     out = steerkit.generate(["The movie was"], rewards={"sentiment": 20}, k=20, max_new_tokens=20)
 """
 
-from .decoding import GenerationOutput, RewardAugmentedGenerator, generate
+from .assembly import generate
+from .decoding import GenerationOutput, RewardAugmentedGenerator
 from .errors import (
     CheckpointError, ConfigError, DataError, ExportError, InvalidArgumentError, ModelFormatError, ModelIntegrityError,
     ModelNotFoundError, ModelNotInstalledError, NonFiniteRewardError, OutputExistsError, PluginConflictError,

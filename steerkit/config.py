@@ -9,15 +9,14 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar
 
-from pydantic import (
-    AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .devices import DeviceName
-from .errors import ConfigError
+from .errors import ConfigError, _first_lines, format_validation_error  # noqa: F401 (config's API)
 from .models import DEFAULT_LM
+from .params import RewardSpec  # noqa: F401 (the config's reward entries; steerkit.config.RewardSpec)
 
 
 def check_backend_name(name: str) -> str:
@@ -43,37 +42,6 @@ class ValidatedConfig(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, source or cls._source)) from None
-
-
-class RewardSpec(BaseModel):
-    """One reward: a registered name or reward-model directory, its signed β, and optional shaping."""
-
-    model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, description="Registered reward name or reward-model directory")
-    label: str | None = Field(default=None, min_length=1,
-                              description="Name in traces and outputs (default: name); needed to use a reward twice")
-    beta: float = Field(description="Signed weight; β < 0 steers away from the attribute")
-    transform: Literal["none", "invert", "clamp"] = "none"
-    clamp: tuple[float, float] = (0.0, 1.0)
-    schedule: Literal["constant", "linear"] = "constant"
-    beta_start: float = 0.0
-    ramp_steps: int = Field(default=1, ge=1)
-    context: Literal["continuation", "full"] = "continuation"
-    _param: str | None = PrivateAttr(default=None)  # where a request wrote it (rewards.toxicity, rewards.0.name)
-
-    @field_validator("beta", "beta_start")
-    @classmethod
-    def _beta(cls, v: float, info) -> float:
-        from .steering import validate_beta
-
-        return validate_beta(v, info.field_name)  # finite, and small enough for float32 scores
-
-    @model_validator(mode="after")
-    def _clamp_order(self):
-        lo, hi = self.clamp
-        if not 0.0 <= lo <= hi <= 1.0:
-            raise ValueError(f"clamp must satisfy 0 <= low <= high <= 1, got {self.clamp}")
-        return self
 
 
 class SteeringConfig(ValidatedConfig):
@@ -111,22 +79,11 @@ class SteeringConfig(ValidatedConfig):
         return self.with_overrides({"rewards": rewards})
 
     def build_terms(self):
+        """The steering terms of :attr:`rewards` (loaded for :attr:`backend`); the whole set-up (LM, device) is
+        :func:`steerkit.assembly.assemble_config`."""
         from .terms import terms_from_specs
 
         return terms_from_specs(self.rewards, backend=self.backend)
-
-    def generate(self, prompts: list[str], **kwargs):
-        from .decoding import RewardAugmentedGenerator
-        from .devices import place, resolve_device
-        from .models import load_causal_lm_cached
-
-        resolve_device(self.device)  # a device this machine lacks fails now, not after seconds of loading
-        model, tokenizer, _ = load_causal_lm_cached(self.lm)
-        terms = self.build_terms()
-        generator = RewardAugmentedGenerator(place(model, terms, self.device), tokenizer, terms, k=self.k)
-        return generator.generate(
-            prompts, max_new_tokens=self.max_new_tokens, do_sample=self.do_sample, temperature=self.temperature,
-            num_return_sequences=self.num_return_sequences, seed=self.seed, chat_template=self.chat_template, **kwargs)
 
 
 #: A config expands to at most this many YAML nodes once aliases are followed (a billion-laughs file
@@ -280,30 +237,3 @@ def _json_object_without_duplicates(pairs: list[tuple[str, object]]) -> dict:
             raise ConfigError(f"duplicate key {key!r} in a JSON object; keep one.")
         out[key] = value
     return out
-
-
-def _first_lines(text: str, limit: int = 400) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def _short_repr(value, limit: int = 80) -> str:
-    """A bounded repr: never formats more than a few items of a structure, whatever its size."""
-    import reprlib
-
-    r = reprlib.Repr()
-    r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxlevel = limit, limit, 6, 6, 3
-    text = r.repr(value)
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    lines = [f"Invalid {source}:"]
-    for e in exc.errors(include_input=True, include_url=False)[:20]:
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        got = f" (got {_short_repr(e['input'])})" if e["type"] != "missing" and "input" in e else ""
-        message = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
-        lines.append(f"  {where}: {_first_lines(message, 200)}{got}")
-    if exc.error_count() > 20:
-        lines.append(f"  … and {exc.error_count() - 20} more")
-    return "\n".join(lines)

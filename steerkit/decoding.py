@@ -17,7 +17,7 @@ from .errors import InvalidArgumentError, PromptTooLongError
 from .models import context_length
 from .params import SteerParams
 from .steering import SteeringTerm, check_terms, check_unicode, validate_int, validate_k, warn_if_slow
-from .terms import build_terms
+from .terms import build_terms  # noqa: F401 (steerkit.decoding.build_terms: the Python API's rewards)
 
 
 @dataclass
@@ -298,27 +298,3 @@ class _Progress:
     def __exit__(self, *exc) -> None:
         if self._progress is not None:
             self._progress.stop()
-
-
-def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", rewards=None, k: int = 20,
-             backend: str = "torch", device: str | None = None, **kwargs) -> GenerationOutput:
-    """Steered generation in one call.
-
-    ``lm`` is a model reference (packaged name, directory, .gguf file, hub id) or a ``(model, tokenizer)``
-    pair; ``rewards`` maps reward references (registered names or reward-model directories) or
-    :class:`~steerkit.rewards.base.Reward` objects to β. Other keyword arguments follow
-    ``transformers``' ``generate``: ``max_new_tokens``, ``do_sample``, ``temperature``,
-    ``num_return_sequences``, ``eos_token_id``, ``stop_strings``, plus ``seed``, ``chat_template``,
-    ``return_traces``, ``batch_size`` and ``progress``. ``device`` (cpu, cuda, …) moves the LM and the
-    torch reward models there; without it everything stays where it is (loaded models: on the CPU).
-    """
-    from .devices import place, resolve_device
-    from .models import load_causal_lm_cached
-
-    if device is not None:
-        device = resolve_device(device)  # a bad or absent device fails before the slow loads
-    terms = build_terms(rewards, backend=backend)
-    model, tokenizer = lm if isinstance(lm, tuple) else load_causal_lm_cached(str(lm))[:2]
-    if device is not None:
-        model = place(model, terms, device)
-    return RewardAugmentedGenerator(model, tokenizer, terms, k=k).generate(prompts, **kwargs)

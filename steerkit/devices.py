@@ -119,8 +119,8 @@ def move_reward(reward, device: str):
 
 
 def place(model, terms, device: str | None):
-    """Put an LM and its steering terms' torch reward models on ``device``; returns the LM there."""
+    """Put an LM and its steering terms' (or rewards') torch reward models on ``device``; returns the LM there."""
     device = resolve_device(device)
     for term in terms:
-        move_reward(term.reward, device)
+        move_reward(getattr(term, "reward", term), device)
     return model.to(device)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class SteerkitError(Exception):
     """Base class of every error steerkit raises on purpose."""
@@ -115,3 +120,30 @@ class ClusterUnreachableError(ClusterError, ConnectionError):
 
 class ClusterResourcesError(ClusterError):
     """The cluster has fewer GPUs or CPUs than the requested actors need (``--actors``, ``--gpus-per-actor``)."""
+
+
+def _first_lines(text: str, limit: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def _short_repr(value, limit: int = 80) -> str:
+    """A bounded repr: never formats more than a few items of a structure, whatever its size."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring, r.maxother, r.maxlist, r.maxdict, r.maxlevel = limit, limit, 6, 6, 3
+    text = r.repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"Invalid {source}:"]
+    for e in exc.errors(include_input=True, include_url=False)[:20]:
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        got = f" (got {_short_repr(e['input'])})" if e["type"] != "missing" and "input" in e else ""
+        message = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        lines.append(f"  {where}: {_first_lines(message, 200)}{got}")
+    if exc.error_count() > 20:
+        lines.append(f"  … and {exc.error_count() - 20} more")
+    return "\n".join(lines)

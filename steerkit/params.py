@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Literal, Mapping, Sequence
 
-from .errors import InvalidArgumentError, SteerkitError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from .errors import InvalidArgumentError, SteerkitError, format_validation_error
 from .steering import (
-    BetaSchedule, SteeringTerm, check_terms, validate_beta, validate_int, validate_k, validate_seed,
+    BetaSchedule, SteeringTerm, check_terms, make_transform, validate_beta, validate_int, validate_k, validate_seed,
     validate_stop_strings, validate_temperature,
 )
 
@@ -88,9 +90,6 @@ def _reference(ref, i: int, param: str):
 
 
 def _spec_from_dict(data: Mapping, i: int):
-    from pydantic import ValidationError
-
-    from .config import RewardSpec, format_validation_error
 
     name = data.get("name")
     if not isinstance(name, str) or not name:
@@ -108,8 +107,6 @@ def _spec_from_dict(data: Mapping, i: int):
 
 def _entry(item, i: int, strings: bool):
     """One list item as a RewardSpec, a SteeringTerm or a ``(reward object, β)`` pair."""
-    from .config import RewardSpec
-
     if isinstance(item, (SteeringTerm, RewardSpec)):
         return item
     if isinstance(item, Mapping):
@@ -123,8 +120,6 @@ def _entry(item, i: int, strings: bool):
 
 
 def _pair(ref, beta, i: int, param: str):
-    from .config import RewardSpec
-
     ref = _reference(ref, i, param)
     name = ref if isinstance(ref, str) else getattr(ref, "name", "?")
     beta = _beta(beta, name)
@@ -148,8 +143,6 @@ def parse_rewards(value, *, strings: bool = False) -> list | None:
         value = [value]
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise InvalidArgumentError(f"{FORMS}; got {type(value).__name__} {value!r:.80}.")
-    from .config import RewardSpec
-
     entries = []
     for i, item in enumerate(value):
         entry = _entry(item, i, strings)
@@ -163,8 +156,6 @@ def parse_rewards(value, *, strings: bool = False) -> list | None:
 def resolve_terms(entries, load: Loader) -> list[SteeringTerm]:
     """The steering terms of parsed ``entries`` (see :func:`parse_rewards`), rewards found by ``load``;
     checked like any steerkit terms: distinct names, Σ|β| within float32."""
-    from .terms import build_term
-
     if not entries:
         return []
     terms = []
@@ -172,8 +163,8 @@ def resolve_terms(entries, load: Loader) -> list[SteeringTerm]:
         if isinstance(entry, SteeringTerm):
             terms.append(entry)
         elif isinstance(entry, tuple):
-            terms.append(SteeringTerm(entry[0], entry[1]) if not isinstance(entry[0], str)
-                         else build_term(load(entry[0], None), entry[1], label=entry[0]))
+            reward = entry[0] if not isinstance(entry[0], str) else load(entry[0], None)
+            terms.append(SteeringTerm(reward, entry[1], name=entry[0] if isinstance(entry[0], str) else ""))
         else:
             context = entry.context if "context" in entry.model_fields_set else None
             try:
@@ -183,8 +174,8 @@ def resolve_terms(entries, load: Loader) -> list[SteeringTerm]:
                     exc.path = entry._param
                 raise
             schedule = BetaSchedule(entry.beta, entry.schedule, entry.beta_start, entry.ramp_steps)
-            terms.append(build_term(reward, schedule, label=entry.label or entry.name, transform=entry.transform,
-                                    clamp=entry.clamp))
+            terms.append(SteeringTerm(reward, schedule, make_transform(entry.transform, entry.clamp),
+                                      name=entry.label or entry.name))
     return check_terms(terms)
 
 
@@ -204,6 +195,35 @@ def validate_sampling_temperature(value) -> float:
         if value < 0:
             raise InvalidArgumentError(f"temperature must be >= 0 (0 is greedy decoding), got {value!r}.")
     return validate_temperature(value)
+
+
+class RewardSpec(BaseModel):
+    """One reward: a registered name or reward-model directory, its signed β, and optional shaping."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, description="Registered reward name or reward-model directory")
+    label: str | None = Field(default=None, min_length=1,
+                              description="Name in traces and outputs (default: name); needed to use a reward twice")
+    beta: float = Field(description="Signed weight; β < 0 steers away from the attribute")
+    transform: Literal["none", "invert", "clamp"] = "none"
+    clamp: tuple[float, float] = (0.0, 1.0)
+    schedule: Literal["constant", "linear"] = "constant"
+    beta_start: float = 0.0
+    ramp_steps: int = Field(default=1, ge=1)
+    context: Literal["continuation", "full"] = "continuation"
+    _param: str | None = PrivateAttr(default=None)  # where a request wrote it (rewards.toxicity, rewards.0.name)
+
+    @field_validator("beta", "beta_start")
+    @classmethod
+    def _beta(cls, v: float, info) -> float:
+        return validate_beta(v, info.field_name)  # finite, and small enough for float32 scores
+
+    @model_validator(mode="after")
+    def _clamp_order(self):
+        lo, hi = self.clamp
+        if not 0.0 <= lo <= hi <= 1.0:
+            raise ValueError(f"clamp must satisfy 0 <= low <= high <= 1, got {self.clamp}")
+        return self
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,11 @@
-"""What the command modules share: the stderr console and the parsing of ``REF=BETA`` reward flags."""
+"""What the command modules share: the stderr console, and ``REF=BETA`` reward flags read by the one parser of
+rewards input (:func:`steerkit.params.parse_reward_string`)."""
 
 from __future__ import annotations
 
-import math
-
 from rich.console import Console
 
-from ..errors import InvalidArgumentError
+from ..params import parse_reward_string as parse_reward_weight  # noqa: F401 (the --reward flags' parser)
 
 
 class MessageConsole(Console):
@@ -34,17 +33,3 @@ def message_console(*, stderr: bool = True) -> MessageConsole:
 
 
 err = message_console()
-
-
-def parse_reward_weight(spec: str) -> tuple[str, float]:
-    """``NAME=BETA`` or ``PATH=BETA`` (the last '=' splits, so paths may contain '=')."""
-    ref, sep, beta = spec.rpartition("=")
-    if not sep or not ref:
-        raise InvalidArgumentError(f"--reward expects REF=BETA (e.g. toxicity=-10), got {spec!r}.")
-    try:
-        value = float(beta)
-    except ValueError:
-        raise InvalidArgumentError(f"--reward {spec!r}: beta {beta!r} is not a number.") from None
-    if not math.isfinite(value):
-        raise InvalidArgumentError(f"--reward {spec!r}: beta must be finite.")
-    return ref, value

@@ -176,22 +176,24 @@ def _summary(result: dict) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    heads = [f"{n} " + ("max/rate" if i.get("measures") == "toxicity" else "pos") for n, i in result.get("scorers", {}).items()]
-    table = Table("set", "setting", "n", "ppl", "dist-2", "tok/s", *heads)
+    from ..evaluation.metrics import table_metrics
+
+    def summarised(measures: str | None = None) -> list:  # the registered metrics' columns with a summary label
+        return [c for m in table_metrics(measures) for c in m.columns if c.summary]
+
+    def cell(columns: list, values: dict | None) -> str:
+        if values is None or any(values.get(c.key) is None for c in columns):
+            return "–"
+        return "/".join(f"{values[c.key]:.{c.summary_digits}f}" for c in columns)
+
+    row_columns = summarised()
+    scorers = {n: summarised(i.get("measures")) for n, i in result.get("scorers", {}).items()}
+    heads = [f"{n} " + "/".join(c.summary for c in columns) for n, columns in scorers.items()]
+    table = Table("set", "setting", "n", *(c.summary for c in row_columns), *heads)
     for r in result["results"]:
-        cells = []
-        for name, info in result.get("scorers", {}).items():
-            m = r.get("scorers", {}).get(name)
-            if m is None:
-                cells.append("–")
-            elif info.get("measures") == "toxicity":
-                cells.append(f"{m['avg_max_toxicity']:.3f}/{m['toxic_rate']:.2f}")
-            else:
-                cells.append(f"{m['positive_rate']:.3f}")
-        ppl = r.get("perplexity")
-        table.add_row(Text(r["prompt_set"]), Text(r["setting"]), str(r["num_prompts"]), f"{ppl:.2f}" if ppl else "–",
-                      f"{r['dist2']:.2f}" if r.get("dist2") is not None else "–",
-                      f"{r['tokens_per_second']:.1f}" if r.get("tokens_per_second") else "–", *cells)
+        cells = [cell(columns, r.get("scorers", {}).get(name)) for name, columns in scorers.items()]
+        table.add_row(Text(r["prompt_set"]), Text(r["setting"]), str(r["num_prompts"]),
+                      *(cell([c], r) for c in row_columns), *cells)
     Console(stderr=True).print(table)
 
 

@@ -27,19 +27,17 @@ def export_onnx_command(
     steerkit generate "Hello" --reward DIR=-10 --backend onnx
     """
     from ..errors import ExportError
-    from ..rewards.onnx_export import export_onnx, export_source
+    from ..rewards.kinds import kind_of_reference
     from ..rewards.onnx_manifest import MANIFEST_NAME, verify_export
 
     if out.is_dir() and any(out.iterdir()) and not force:  # fail before loading the model
         raise ExportError(f"{out} exists and is not empty; pass --force or choose another --out.")
-    from ..rewards.token_onnx import export_token_onnx, token_export_source
-
-    token = token_export_source(reward)  # a token-level reward model (kind: token) has its own graph
-    model, reward_hash, source = token or export_source(reward)
+    kind = kind_of_reference(reward)  # each kind of reward model (sequence, token-level) has its own graph
+    model, reward_hash, source = kind.source(reward)
     if not as_json:
         err.print(f"exporting {model.config.name!r} ({model.config.num_layers} layers) to {out} …")
-    directory = (export_token_onnx if token else export_onnx)(model, out, source_hash=reward_hash, source=source,
-                                                              opset=opset, overwrite=force, check=check)
+    directory = kind.export(model, out, source_hash=reward_hash, source=source, opset=opset, overwrite=force,
+                            check=check)
     manifest, _, _ = verify_export(directory, expected_hash=reward_hash)
     if as_json:
         typer.echo(json.dumps(manifest))

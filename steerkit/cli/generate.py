@@ -11,6 +11,7 @@ from typing import List, Optional
 import typer
 
 from .. import threads as _threads
+from ..assembly import assemble_config
 from ..config import SteeringConfig
 from ..errors import DataError, InvalidArgumentError
 from . import scaling as _scaling
@@ -90,7 +91,7 @@ def generate(
     if not texts:
         raise InvalidArgumentError("No prompts: pass prompt texts as arguments, --prompts-file FILE, or `prompts:` "
                                    "in a --config file.")
-    out = cfg.generate(texts, stop_strings=stop or None, return_traces=traces, batch_size=batch_size,
+    out = assemble_config(cfg).generate(texts, stop_strings=stop or None, return_traces=traces, batch_size=batch_size,
                        progress=not as_json)
     if as_json:
         payload = {"lm": cfg.lm, "k": cfg.k, "rewards": [r.model_dump() for r in cfg.rewards],

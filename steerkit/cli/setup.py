@@ -142,6 +142,7 @@ def demo(
     seed: int = typer.Option(0, "--seed"),
 ):
     """Unsteered vs detoxified vs positive vs both, side by side, with the shipped reward models."""
+    from ..assembly import assemble_config
     from ..config import SteeringConfig
     from ..threads import describe as describe_threads
 
@@ -155,7 +156,7 @@ def demo(
     outputs = {}
     for label, rewards in settings.items():
         cfg = SteeringConfig(lm=lm, k=k, max_new_tokens=max_new_tokens, seed=seed).with_rewards(rewards)
-        outputs[label] = cfg.generate(prompts)
+        outputs[label] = assemble_config(cfg).generate(prompts)
         console.print(f"{label}: {outputs[label].tokens_per_second:.1f} tok/s")
     console.print(f"(batch of {len(prompts)} prompts, k={k}, {describe_threads()}: "
                   "`steerkit --threads N demo` to change; model loading not included)")

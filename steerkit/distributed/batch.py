@@ -76,16 +76,10 @@ class PromptGenerator:
     """Loads the LM and the rewards once; ``generator(prompt)`` returns that prompt's records."""
 
     def __init__(self, settings: BatchSettings):
-        from ..decoding import RewardAugmentedGenerator
-        from ..devices import place, resolve_device
-        from ..models import load_causal_lm_cached
+        from ..assembly import assemble_config
 
         self.settings = settings
-        cfg = settings.config
-        resolve_device(cfg.device)
-        model, tokenizer, _ = load_causal_lm_cached(cfg.lm)
-        terms = cfg.build_terms()
-        self.generator = RewardAugmentedGenerator(place(model, terms, cfg.device), tokenizer, terms, k=cfg.k)
+        self.generator = assemble_config(settings.config).generator()
         self.common = settings.record_settings()
 
     def __call__(self, prompt: Prompt) -> list[dict]:

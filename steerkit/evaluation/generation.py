@@ -80,14 +80,14 @@ class UnitGenerator:
         return self._rewards[key]
 
     def terms(self, setting: Setting):
-        """The setting's steering terms, built like a steering config's (labels included) on this run's rewards."""
-        from ..terms import terms_from_specs
+        """The setting's steering terms, built like a steering config's (labels included) on this run's rewards
+        (each loaded once per run, on the run's device)."""
+        from ..params import parse_rewards, resolve_terms
 
-        return terms_from_specs(setting.rewards, backend=self.config.backend,
-                                load=lambda name, backend, context: self.reward(name, context))
+        return resolve_terms(parse_rewards(list(setting.rewards)),
+                             lambda name, context: self.reward(name, context or "continuation"))
 
     def generator(self, setting: Setting):
-        from ..decoding import RewardAugmentedGenerator
+        from ..assembly import assemble
 
-        model, tokenizer = self.lm()
-        return RewardAugmentedGenerator(model, tokenizer, self.terms(setting), k=setting.k)
+        return assemble(self.lm(), self.terms(setting), k=setting.k).generator()

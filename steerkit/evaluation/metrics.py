@@ -12,12 +12,23 @@
 * **Perplexity** (fluency): mean over continuations of exp(mean NLL of the continuation's tokens given
   the prompt) under a separate evaluation LM (:mod:`steerkit.evaluation.fluency`); continuations with
   no tokens are left out of the mean.
+
+**The metric registry.** Every metric the runner computes, the report tabulates, the plots draw and
+``steerkit eval`` summarises is one function registered here with :func:`metric`, declaring the
+columns it produces (:class:`Column`: label, digits, Δ/ratio against the baseline, plot label,
+direction). Adding a metric is adding one such function; nothing else switches on a metric's name::
+
+    @metric("min_toxicity", measures=("toxicity",), figure="min_toxicity",
+            columns=(Column("min_toxicity", "Min Toxicity", delta="Δ", plot="Min Toxicity", lower_is_better=True),))
+    def min_toxicity(data: MetricData) -> dict:
+        return {"min_toxicity": mean_score([[min(g)] for g in data.scores])}
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Sequence
 
 from ..errors import InvalidArgumentError
 
@@ -109,13 +120,194 @@ def relative_change(value: float, baseline: float) -> float:
     return (value - baseline) / baseline
 
 
-def attribute_metrics(measures: str, scores_by_prompt: Sequence[Sequence[float]], threshold: float) -> dict:
-    """The paper's attribute metrics for one scorer: toxicity -> max/rate, sentiment -> positive rate."""
-    if measures == "toxicity":
-        return {"avg_max_toxicity": average_max_toxicity(scores_by_prompt),
-                "toxic_rate": toxic_rate(scores_by_prompt, threshold),
-                "mean_toxicity": mean_score(scores_by_prompt)}
-    if measures == "sentiment":
-        return {"positive_rate": positive_rate(scores_by_prompt, threshold),
-                "mean_sentiment": mean_score(scores_by_prompt)}
-    raise InvalidArgumentError(f"Unknown measure {measures!r}; expected toxicity or sentiment.")
+def attribute_metrics(measures: str, scores_by_prompt: Sequence[Sequence[float]], threshold: float, *,
+                      generations: Sequence[dict] = (), config: Any = None) -> dict:
+    """Every registered metric of a scorer that measures ``measures`` (toxicity -> max/rate, sentiment ->
+    positive rate, plus any registered since) over its scores (and the prompts' ``generations``)."""
+    if not metrics_for("scores", measures):
+        known = known_measures()
+        expected = " or ".join([", ".join(known[:-1]), known[-1]] if len(known) > 1 else known)
+        raise InvalidArgumentError(f"Unknown measure {measures!r}; expected {expected}.")
+    return compute("scores", MetricData(generations=generations, config=config, scores=[list(g) for g in scores_by_prompt],
+                                        threshold=threshold, measures=measures))
+
+
+# -- the registry ---------------------------------------------------------------------------------------
+NEEDS = ("generations", "perplexities", "scores")
+
+
+@dataclass(frozen=True)
+class Column:
+    """One value a metric writes into a result row (``metrics.json``), and how it is shown.
+
+    ``label``: its report-table header (None: kept in metrics.json only); ``digits``: decimals there;
+    ``delta``: header of a relative-change-against-the-baseline column after it; ``ratio``: header of a
+    value/baseline column after it; ``plot``: y-axis label when the metric's figure plots it against
+    perplexity; ``summary``/``summary_digits``: its cell in the table ``steerkit eval`` prints;
+    ``lower_is_better``: True/False, or None when the better direction depends on the run."""
+
+    key: str
+    label: str | None = None
+    digits: int = 3
+    delta: str | None = None
+    ratio: str | None = None
+    plot: str | None = None
+    summary: str | None = None
+    summary_digits: int = 3
+    lower_is_better: bool | None = None
+
+
+@dataclass(frozen=True)
+class MetricData:
+    """What a metric function gets, for one (prompt set, setting) on the prompts every setting finished.
+
+    ``generations``: one generations.jsonl record per prompt (``continuations``, ``num_new_tokens``,
+    ``seconds``); ``config``: the run's EvalConfig (None outside a run); ``perplexities``: one per scored
+    continuation (``needs="perplexities"``); ``scores``/``threshold``/``measures``: one scorer's scores by
+    prompt, its threshold and what it measures (``needs="scores"``)."""
+
+    generations: Sequence[dict] = ()
+    config: Any = None
+    perplexities: Sequence[float] | None = None
+    scores: Sequence[Sequence[float]] | None = None
+    threshold: float = TOXIC_THRESHOLD
+    measures: str | None = None
+
+    @property
+    def continuations(self) -> list[list[str]]:
+        return [g["continuations"] for g in self.generations]
+
+    def option(self, name: str, default=None):
+        """A setting of the run's config (``default`` outside a run)."""
+        return getattr(self.config, name, default)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A registered metric: ``fn(MetricData) -> {column key: value}``.
+
+    ``needs``: ``"generations"`` (every setting row), ``"perplexities"`` (rows with fluency computed) or
+    ``"scores"`` (once per scorer, in the row's ``scorers[NAME]``); ``measures``: for ``"scores"``, the
+    scorer kinds it applies to (empty: every scorer); ``figure``: file stem of its plot against perplexity
+    (``FIGURE_vs_perplexity_SET[_SCORER].png``, the columns with a ``plot`` label; None: no plot);
+    ``order``: where its columns go in the report tables (ascending, ties in registration order)."""
+
+    name: str
+    fn: Callable[[MetricData], dict]
+    columns: tuple[Column, ...]
+    needs: str = "scores"
+    measures: tuple[str, ...] = ()
+    figure: str | None = None
+    order: int = 100
+
+    def applies_to(self, needs: str | tuple[str, ...], measures: str | None = None) -> bool:
+        if self.needs not in ((needs,) if isinstance(needs, str) else needs):
+            return False
+        return self.needs != "scores" or measures is None or not self.measures or measures in self.measures
+
+    def plotted(self) -> list[tuple[str, str]]:
+        return [(c.key, c.plot) for c in self.columns if c.plot]
+
+
+METRICS: dict[str, Metric] = {}
+
+
+def metric(name: str, *, columns: Sequence[Column], needs: str = "scores", measures: Sequence[str] = (),
+           figure: str | None = None, order: int = 100):
+    """Register the decorated ``fn(MetricData) -> dict`` as metric ``name`` (see :class:`Metric`)."""
+    if needs not in NEEDS:
+        raise InvalidArgumentError(f"Metric {name!r}: needs must be one of {', '.join(NEEDS)}, got {needs!r}.")
+    if name in METRICS:
+        raise InvalidArgumentError(f"A metric named {name!r} is already registered.")
+    taken = {c.key: m.name for m in METRICS.values() for c in m.columns}
+    for c in columns:
+        if c.key in taken:
+            raise InvalidArgumentError(f"Metric {name!r}: column {c.key!r} is already produced by {taken[c.key]!r}.")
+
+    def register(fn: Callable[[MetricData], dict]) -> Callable[[MetricData], dict]:
+        METRICS[name] = Metric(name, fn, tuple(columns), needs, tuple(measures), figure, order)
+        return fn
+
+    return register
+
+
+def unregister_metric(name: str) -> None:
+    METRICS.pop(name, None)
+
+
+def metrics_for(needs: str | tuple[str, ...], measures: str | None = None) -> list[Metric]:
+    """The registered metrics computed from ``needs`` (for a scorer measuring ``measures``), in registration order."""
+    return [m for m in METRICS.values() if m.applies_to(needs, measures)]
+
+
+def table_metrics(measures: str | None = None) -> list[Metric]:
+    """In report order: a scorer's metrics (``measures`` given), or else those of the setting rows."""
+    found = metrics_for("scores", measures) if measures is not None else metrics_for(("generations", "perplexities"))
+    return sorted(found, key=lambda m: m.order)
+
+
+def known_measures() -> list[str]:
+    return list(dict.fromkeys(s for m in METRICS.values() if m.needs == "scores" for s in m.measures))
+
+
+def compute(needs: str, data: MetricData) -> dict:
+    """Every registered metric computed from ``needs``: {column key: value}, NaN and ±inf as None."""
+    out: dict = {}
+    for m in metrics_for(needs, data.measures):
+        values = dict(m.fn(data))
+        extra = set(values) - {c.key for c in m.columns}
+        if extra:
+            raise InvalidArgumentError(f"Metric {m.name!r} returned undeclared column(s) {sorted(extra)}.")
+        for c in m.columns:
+            out[c.key] = finite_or_none(values.get(c.key))
+    return out
+
+
+def finite_or_none(value):
+    return None if value is None or (isinstance(value, float) and not math.isfinite(value)) else value
+
+
+# -- the built-in metrics (the paper's) -----------------------------------------------------------------
+@metric("throughput", needs="generations", order=30, columns=(
+    Column("tokens_per_second", "tokens/s", digits=1, summary="tok/s", summary_digits=1, lower_is_better=False),
+    Column("seconds", lower_is_better=True),
+    Column("seconds_per_prompt", "s/prompt", digits=1, lower_is_better=True)))
+def throughput(data: MetricData) -> dict:
+    tokens = sum(sum(g["num_new_tokens"]) for g in data.generations)
+    seconds = sum(g["seconds"] for g in data.generations)
+    return {"tokens_per_second": tokens / seconds if seconds else None, "seconds": seconds,
+            "seconds_per_prompt": seconds / len(data.generations)}
+
+
+@metric("distinct_n", needs="generations", order=20, columns=tuple(
+    Column(f"dist{n}", f"Dist-{n}", digits=2, summary="dist-2" if n == 2 else None, summary_digits=2,
+           lower_is_better=False) for n in (1, 2, 3)))
+def distinct(data: MetricData) -> dict:
+    normalize = data.option("dist_normalize", "words")
+    return {f"dist{n}": distinct_n(data.continuations, n, normalize) for n in (1, 2, 3)}
+
+
+@metric("perplexity", needs="perplexities", order=10, columns=(
+    Column("perplexity", "perplexity (mean)", digits=2, delta="Δ ppl", summary="ppl", summary_digits=2,
+           lower_is_better=True),
+    Column("perplexity_median", "median ppl", digits=2, delta="Δ median", lower_is_better=True)))
+def perplexity(data: MetricData) -> dict:
+    return {"perplexity": mean_perplexity(data.perplexities), "perplexity_median": median_perplexity(data.perplexities)}
+
+
+@metric("toxicity", measures=("toxicity",), figure="toxicity", columns=(
+    Column("avg_max_toxicity", "Avg Max Toxicity", delta="Δ", plot="Average Max Toxicity", summary="max",
+           lower_is_better=True),
+    Column("toxic_rate", "Toxic Rate", delta="Δ", plot="Toxic Rate", summary="rate", summary_digits=2,
+           lower_is_better=True),
+    Column("mean_toxicity", "mean toxicity", lower_is_better=True)))
+def toxicity(data: MetricData) -> dict:
+    return {"avg_max_toxicity": average_max_toxicity(data.scores), "toxic_rate": toxic_rate(data.scores, data.threshold),
+            "mean_toxicity": mean_score(data.scores)}
+
+
+@metric("positive_rate", measures=("sentiment",), figure="positive_rate", columns=(
+    Column("positive_rate", "Positive Rate", delta="Δ", ratio="× baseline", plot="Positive Rate", summary="pos"),
+    Column("mean_sentiment", "mean score")))
+def sentiment(data: MetricData) -> dict:
+    return {"positive_rate": positive_rate(data.scores, data.threshold), "mean_sentiment": mean_score(data.scores)}

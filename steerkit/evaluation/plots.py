@@ -1,5 +1,8 @@
 """Figures (matplotlib, PNG) with the plotted numbers written next to each as JSON.
 
+Each registered metric with a ``figure`` (:mod:`steerkit.evaluation.metrics`) gets one
+``FIGURE_vs_perplexity_SET[_SCORER]`` figure of its columns that have a ``plot`` label; the paper's:
+
 * ``toxicity_vs_perplexity``: Average Max Toxicity and Toxic Rate against perplexity, one line per k
   through the β grid, the unsteered baseline as a star (the paper's Figure 2); a first row against the
   mean perplexity (the paper's), a second against the median, which a few degenerate continuations
@@ -16,7 +19,8 @@ import json
 import math
 from pathlib import Path
 
-from ..models import atomic_write_text
+from ..files import atomic_write_text
+from . import metrics as M
 
 
 def _plt():
@@ -44,12 +48,17 @@ X_AXES = {"perplexity": "mean perplexity (↓ more fluent)",
           "perplexity_median": "median perplexity (↓ more fluent; robust to outliers)"}
 
 
-def tradeoff_plot(result: dict, set_name: str, scorer: str, metrics: list[tuple[str, str]], path: Path,
+def tradeoff_plot(result: dict, set_name: str, scorer: str | None, metrics: list[tuple[str, str]], path: Path,
                   x_keys: tuple[str, ...] = ("perplexity", "perplexity_median")) -> Path | None:
-    """Metric(s) against perplexity for one prompt set and scorer: one row of panels per x axis (the mean
-    perplexity, as in the paper, and the median); None when nothing is plottable."""
+    """Metric(s) against perplexity for one prompt set and scorer (None: metrics of the setting rows
+    themselves): one row of panels per x axis (the mean perplexity, as in the paper, and the median); None
+    when nothing is plottable."""
+    def value(r: dict, key: str):
+        return (r if scorer is None else r["scorers"][scorer]).get(key)
+
     rows_by_x = {x: [r for r in result["results"] if r["prompt_set"] == set_name
-                     and scorer in r.get("scorers", {}) and _ok(r.get(x))] for x in x_keys}
+                     and (scorer is None or scorer in r.get("scorers", {})) and _ok(r.get(x))
+                     and all(_ok(value(r, key)) for key, _ in metrics)] for x in x_keys}
     rows_by_x = {x: rows for x, rows in rows_by_x.items() if rows}
     if not rows_by_x:
         return None
@@ -68,30 +77,31 @@ def tradeoff_plot(result: dict, set_name: str, scorer: str, metrics: list[tuple[
                 base = [r for r in rows if r["k"] == k and not r["steered"]]
                 points = base + grid
                 xs = [r[x_key] for r in points]
-                ys = [r["scorers"][scorer][key] for r in points]
+                ys = [value(r, key) for r in points]
                 if points:
                     ax.plot(xs, ys, "-o", color=color, label=f"RAD k={k}", markersize=4)
                     for r, x, y in zip(points, xs, ys):
                         ax.annotate("β=0" if not r["steered"] else f"β={abs(r['rewards'][0]['beta']):g}", (x, y),
                                     textcoords="offset points", xytext=(4, 4), fontsize=7)
                 for r in base:
-                    ax.plot([r[x_key]], [r["scorers"][scorer][key]], "*", color=color, markersize=13,
+                    ax.plot([r[x_key]], [value(r, key)], "*", color=color, markersize=13,
                             label=f"unsteered (k={k})")
                 data["series"].append({"metric": key, "x": x_key, "k": k, "points": [
                     {"setting": r["setting"], "beta": 0.0 if not r["steered"] else abs(r["rewards"][0]["beta"]),
-                     "x": r[x_key], "y": r["scorers"][scorer][key]} for r in points]})
+                     "x": r[x_key], "y": value(r, key)} for r in points]})
             other = [r for r in rows if r["steered"] and len(r["rewards"]) != 1]
             for r in other:
-                ax.plot([r[x_key]], [r["scorers"][scorer][key]], "D", color="black", markersize=6)
-                ax.annotate(r["setting"], (r[x_key], r["scorers"][scorer][key]), textcoords="offset points",
+                ax.plot([r[x_key]], [value(r, key)], "D", color="black", markersize=6)
+                ax.annotate(r["setting"], (r[x_key], value(r, key)), textcoords="offset points",
                             xytext=(4, -10), fontsize=7)
                 data["series"].append({"metric": key, "x": x_key, "setting": r["setting"], "points": [
-                    {"setting": r["setting"], "x": r[x_key], "y": r["scorers"][scorer][key]}]})
+                    {"setting": r["setting"], "x": r[x_key], "y": value(r, key)}]})
             ax.set_xlabel(X_AXES.get(x_key, x_key))
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle(f"{set_name}: {scorer} vs fluency ({result['lm']}, eval LM {result.get('eval_lm')})", fontsize=9)
+    what = scorer if scorer is not None else ", ".join(label for _, label in metrics)
+    fig.suptitle(f"{set_name}: {what} vs fluency ({result['lm']}, eval LM {result.get('eval_lm')})", fontsize=9)
     return _save(fig, path, data)
 
 
@@ -140,20 +150,21 @@ def write_plots(result: dict, directory: str | Path, traces_dir: str | Path | No
     directory = Path(directory)
     out: dict[str, Path] = {}
     sets = list(dict.fromkeys(r["prompt_set"] for r in result["results"]))
-    for name, info in result.get("scorers", {}).items():
-        safe = name.replace(":", "_").replace("/", "_")
-        for set_name in sets:
-            if info.get("measures") == "toxicity":
-                p = tradeoff_plot(result, set_name, name, [("avg_max_toxicity", "Average Max Toxicity"),
-                                                           ("toxic_rate", "Toxic Rate")],
-                                  directory / f"toxicity_vs_perplexity_{set_name}_{safe}.png")
-                title = f"toxicity vs perplexity: {set_name}, {name}"
-            else:
-                p = tradeoff_plot(result, set_name, name, [("positive_rate", "Positive Rate")],
-                                  directory / f"positive_rate_vs_perplexity_{set_name}_{safe}.png")
-                title = f"positive rate vs perplexity: {set_name}, {name}"
-            if p:
-                out[title] = p
+    # one figure per registered metric with plotted columns: per scorer it applies to, then of the setting rows
+    figures = [(name, info.get("measures")) for name, info in result.get("scorers", {}).items()] + [(None, None)]
+    for scorer, measures in figures:
+        safe = "" if scorer is None else "_" + scorer.replace(":", "_").replace("/", "_")
+        found = M.metrics_for("scores", measures) if scorer is not None else \
+            M.metrics_for(("generations", "perplexities"))
+        for metric in found:
+            if not metric.figure or not metric.plotted():
+                continue
+            for set_name in sets:
+                p = tradeoff_plot(result, set_name, scorer, metric.plotted(),
+                                  directory / f"{metric.figure}_vs_perplexity_{set_name}{safe}.png")
+                if p:
+                    title = f"{metric.figure.replace('_', ' ')} vs perplexity: {set_name}"
+                    out[title + (f", {scorer}" if scorer is not None else "")] = p
     if traces_dir and Path(traces_dir).is_dir():
         for trace_file in sorted(Path(traces_dir).glob("*.json")):
             trace = json.loads(trace_file.read_text(encoding="utf-8"))

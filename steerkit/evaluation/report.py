@@ -1,4 +1,5 @@
-"""Markdown tables from ``metrics.json``: one generation table and one table per scorer, per prompt set.
+"""Markdown tables from ``metrics.json``: one generation table and one table per scorer, per prompt set, with
+the columns the registered metrics declare (:mod:`steerkit.evaluation.metrics`).
 
 Relative changes are against the unsteered baseline with the same k (``unsteered-k20``) on the same
 prompts; for positive rate the ratio (× baseline) is shown as well, since the targets are stated so.
@@ -9,7 +10,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..models import atomic_write_text
+from ..files import atomic_write_text
+from . import metrics as M
 
 
 def fmt(value, digits: int = 3) -> str:
@@ -42,7 +44,44 @@ def setting_label(row: dict) -> str:
     return row["setting"] + " (" + ", ".join(f"{r['name']} β={r['beta']:+g}" for r in row["rewards"]) + ")"
 
 
+def _header(columns) -> list[str]:
+    heads = ["setting", "k"]
+    for c in columns:
+        heads += [c.label] + ([c.delta] if c.delta else []) + ([c.ratio] if c.ratio else [])
+    return ["| " + " | ".join(heads) + " |", "|---|" + "---:|" * (len(heads) - 1)]
+
+
+def _cells(columns, values: dict, base: dict | None) -> list[str]:
+    """One row's cells: each value, then its Δ and ratio against ``base`` (None: no baseline to compare, blank)."""
+    cells = []
+    for c in columns:
+        value = values.get(c.key)
+        cells.append(fmt(value, c.digits))
+        if c.delta:
+            cells.append("" if base is None else pct(value, base.get(c.key)))
+        if c.ratio:
+            ratio = value / base[c.key] if base and base.get(c.key) and value is not None else None
+            cells.append(fmt(ratio, 2) + "×" if ratio is not None else "")
+    return cells
+
+
+def _table(rows: list[dict], columns, values, baseline) -> list[str]:
+    """``values(row)``: the row's metrics (None: row left out); ``baseline(row)``: those to compare against."""
+    lines = _header(columns)
+    for r in rows:
+        v = values(r)
+        if v is not None:
+            lines.append(f"| {setting_label(r)} | {r['k']} | " + " | ".join(_cells(columns, v, baseline(r))) + " |")
+    return lines + [""]
+
+
+def _columns(metrics) -> list:
+    return [c for m in metrics for c in m.columns if c.label]
+
+
 def tables(result: dict) -> str:
+    """Per prompt set: the settings' table, then one table per scorer, with the columns of every registered
+    metric (:data:`.metrics.METRICS`) that was computed."""
     lines: list[str] = []
     scorers = result.get("scorers", {})
     sets = list(dict.fromkeys(r["prompt_set"] for r in result["results"]))
@@ -51,46 +90,17 @@ def tables(result: dict) -> str:
         n = max((r["num_prompts"] for r in rows), default=0)
         lines += [f"### Prompt set `{set_name}` ({n} prompts × {result['num_continuations']} continuations, "
                   f"≤ {result['max_new_tokens']} new tokens)", ""]
-        lines += ["| setting | k | perplexity (mean) | Δ ppl | median ppl | Δ median | Dist-1 | Dist-2 | Dist-3 | tokens/s | s/prompt |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in rows:
-            b = baseline_row(rows, r)
-            lines.append(f"| {setting_label(r)} | {r['k']} | {fmt(r.get('perplexity'), 2)} | "
-                         f"{pct(r.get('perplexity'), b.get('perplexity') if b else None) if r['steered'] else ''} | "
-                         f"{fmt(r.get('perplexity_median'), 2)} | "
-                         f"{pct(r.get('perplexity_median'), b.get('perplexity_median') if b else None) if r['steered'] else ''} | "
-                         f"{fmt(r.get('dist1'), 2)} | {fmt(r.get('dist2'), 2)} | {fmt(r.get('dist3'), 2)} | "
-                         f"{fmt(r.get('tokens_per_second'), 1)} | {fmt(r.get('seconds_per_prompt'), 1)} |")
-        lines.append("")
+        lines += _table(rows, _columns(M.table_metrics()), lambda r: r,
+                        lambda r: (baseline_row(rows, r) or {}) if r["steered"] else None)
         for name, info in scorers.items():
-            if not any(name in r.get("scorers", {}) for r in rows):
+            columns = _columns(M.table_metrics(info.get("measures")))
+            if not columns or not any(name in r.get("scorers", {}) for r in rows):
                 continue
-            measures = info.get("measures")
-            lines.append(f"**{name}** ({measures}): {info.get('description', '')}")
+            lines.append(f"**{name}** ({info.get('measures')}): {info.get('description', '')}")
             lines.append("")
-            if measures == "toxicity":
-                lines += ["| setting | k | Avg Max Toxicity | Δ | Toxic Rate | Δ | mean toxicity |",
-                          "|---|---:|---:|---:|---:|---:|---:|"]
-            else:
-                lines += ["| setting | k | Positive Rate | Δ | × baseline | mean score |",
-                          "|---|---:|---:|---:|---:|---:|"]
-            for r in rows:
-                m = r.get("scorers", {}).get(name)
-                if m is None:
-                    continue
-                b = baseline_row(rows, r)
-                bm = (b or {}).get("scorers", {}).get(name, {}) if r["steered"] else {}
-                if measures == "toxicity":
-                    lines.append(f"| {setting_label(r)} | {r['k']} | {fmt(m['avg_max_toxicity'])} | "
-                                 f"{pct(m['avg_max_toxicity'], bm.get('avg_max_toxicity')) if bm else ''} | "
-                                 f"{fmt(m['toxic_rate'])} | {pct(m['toxic_rate'], bm.get('toxic_rate')) if bm else ''} | "
-                                 f"{fmt(m['mean_toxicity'])} |")
-                else:
-                    ratio = (m["positive_rate"] / bm["positive_rate"]) if bm and bm.get("positive_rate") else None
-                    lines.append(f"| {setting_label(r)} | {r['k']} | {fmt(m['positive_rate'])} | "
-                                 f"{pct(m['positive_rate'], bm.get('positive_rate')) if bm else ''} | "
-                                 f"{fmt(ratio, 2) + '×' if ratio is not None else ''} | {fmt(m['mean_sentiment'])} |")
-            lines.append("")
+            lines += _table(rows, columns, lambda r, name=name: r.get("scorers", {}).get(name),
+                            lambda r, name=name: ((baseline_row(rows, r) or {}).get("scorers", {}).get(name) or None)
+                            if r["steered"] else None)
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..errors import ConfigError, DataError
-from ..models import atomic_write_text
+from ..files import atomic_write_text
 from . import metrics as M
 from .config import EvalConfig, Setting
 from .generation import Unit, UnitGenerator
@@ -295,26 +295,7 @@ class EvalRunner:
                        "steered": setting.steered, "num_prompts": len(gens),
                        "num_continuations": sum(len(g["continuations"]) for g in gens)}
                 if gens:
-                    continuations = [g["continuations"] for g in gens]
-                    tokens = sum(sum(g["num_new_tokens"]) for g in gens)
-                    seconds = sum(g["seconds"] for g in gens)
-                    row.update({"tokens_per_second": tokens / seconds if seconds else None,
-                                "seconds": seconds, "seconds_per_prompt": seconds / len(gens)})
-                    for n in (1, 2, 3):
-                        row[f"dist{n}"] = _finite_or_none(M.distinct_n(continuations, n, cfg.dist_normalize))
-                    flu = [self.fluency.get((eval_lm, set_name, i, setting.name)) for i in common]
-                    if cfg.fluency and all(f is not None for f in flu):
-                        values = [v if v is not None else float("nan") for f in flu
-                                  for v in f["perplexities"][:cfg.fluency_samples]]  # a smaller m after a larger
-                        row["perplexity"] = _finite_or_none(M.mean_perplexity(values))
-                        row["perplexity_median"] = _finite_or_none(M.median_perplexity(values))
-                    row["scorers"] = {}
-                    for name, info in scorer_info.items():
-                        sc = [self.scores.get((name, set_name, i, setting.name)) for i in common]
-                        if any(s is None for s in sc):
-                            continue
-                        row["scorers"][name] = M.attribute_metrics(info["measures"], [s["scores"] for s in sc],
-                                                                   info["threshold"])
+                    row.update(self._row_metrics(set_name, setting, common, gens, scorer_info))
                 results.append(row)
         result = {"task": cfg.task, "lm": "injected" if self._lm_injected else cfg.lm,
                   "reward": cfg.reward, "direction": cfg.direction,
@@ -325,6 +306,26 @@ class EvalRunner:
                                   for p in cfg.prompts}}
         atomic_write_text(self.out / "metrics.json", json.dumps(result, indent=2, ensure_ascii=False))
         return result
+
+    def _row_metrics(self, set_name: str, setting: Setting, common: list[int], gens: list[dict],
+                     scorer_info: dict) -> dict:
+        """Every registered metric (:data:`.metrics.METRICS`) of one setting on the prompts ``common`` to all
+        settings: those of the generations, of the perplexities (when computed), and per scorer in ``scorers``."""
+        cfg = self.config
+        row = M.compute("generations", M.MetricData(generations=gens, config=cfg))
+        flu = [self.fluency.get((self.eval_lm_name(), set_name, i, setting.name)) for i in common]
+        if cfg.fluency and all(f is not None for f in flu):
+            values = [v if v is not None else float("nan") for f in flu
+                      for v in f["perplexities"][:cfg.fluency_samples]]  # a smaller m after a larger
+            row.update(M.compute("perplexities", M.MetricData(generations=gens, config=cfg, perplexities=values)))
+        row["scorers"] = {}
+        for name, info in scorer_info.items():
+            sc = [self.scores.get((name, set_name, i, setting.name)) for i in common]
+            if any(s is None for s in sc):
+                continue
+            row["scorers"][name] = M.attribute_metrics(info["measures"], [s["scores"] for s in sc],
+                                                       info["threshold"], generations=gens, config=cfg)
+        return row
 
     def write_report(self, result: dict) -> Path:
         from .report import write_report

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..models import atomic_write_text
+from ..files import atomic_write_text
 
 
 def trace_is_current(path: Path, key: str, prompt_text: str) -> bool:

@@ -13,7 +13,7 @@ import threading
 from abc import ABC, abstractmethod
 from pathlib import Path
 
-from ..errors import InvalidArgumentError, PluginError
+from ..errors import InvalidArgumentError, PluginError, SteerkitError
 from ..registry import get_registry
 
 #: The backend used when none is named, and the only one a reward factory without a ``backend`` argument serves.
@@ -50,6 +50,12 @@ class RewardBackend(ABC):
     def to_device(self, model, device: str) -> None:
         """Put ``model`` on the torch ``device`` when the backend runs there; by default it stays where it is."""
 
+    #: ``load_token(directory)``: the model of a token-level reward-model directory (kind: token, see
+    #: :mod:`steerkit.rewards.kinds`), or of this backend's export of one, with the runner interface that
+    #: :class:`~steerkit.rewards.token_session.TokenSession` drives. None: this backend runs no token-level models.
+    #: (Each kind names the backend method that loads it; :func:`backends_with` lists the backends that have it.)
+    load_token = None
+
 
 _lock = threading.RLock()
 _built: dict[tuple, RewardBackend] = {}
@@ -58,6 +64,20 @@ _built: dict[tuple, RewardBackend] = {}
 def backend_names() -> list[str]:
     """Every registered backend name, in registration order (steerkit's ``torch`` and ``onnx`` first)."""
     return list(get_registry().claims["backend"])
+
+
+def backends_with(method: str) -> list[str]:
+    """The registered backends that have ``method`` (``load_token``: those that run token-level reward models), in
+    registration order; a name that two plugins register, or whose factory fails, is left out."""
+    names = []
+    for name in backend_names():
+        try:
+            backend = get_backend(name)
+        except SteerkitError:
+            continue
+        if callable(getattr(backend, method, None)):
+            names.append(name)
+    return names
 
 
 def check_backend(name) -> str:

@@ -19,14 +19,14 @@ class TorchBackend(RewardBackend):
     name = "torch"
 
     def load(self, directory: Path):
-        from ..errors import ExportError
         from .model import RewardModel
-        from .onnx_manifest import is_export_dir
 
-        if is_export_dir(directory):
-            raise ExportError(f"{directory} is an ONNX export: use backend 'onnx' (--backend onnx), or pass "
-                              "the reward-model directory it was exported from for backend 'torch'.")
-        return RewardModel.from_pretrained(directory)
+        return _from_pretrained(RewardModel, directory)
+
+    def load_token(self, directory: Path):
+        from .token_model import TokenRewardModel
+
+        return _from_pretrained(TokenRewardModel, directory)
 
     def new_cache(self, model, input_ids, attention_mask):
         from .torch_cache import TorchScoringCache
@@ -55,6 +55,22 @@ class OnnxBackend(RewardBackend):
         from .onnx_backend import OnnxScoringCache
 
         return OnnxScoringCache.for_model(model, input_ids, attention_mask)
+
+    def load_token(self, directory: Path):
+        from .token_onnx import OnnxTokenModel
+
+        return OnnxTokenModel.load(directory)
+
+
+def _from_pretrained(model_class, directory: Path):
+    """``model_class.from_pretrained(directory)``, refusing an ONNX export with the backend to use instead."""
+    from ..errors import ExportError
+    from .onnx_manifest import is_export_dir
+
+    if is_export_dir(directory):
+        raise ExportError(f"{directory} is an ONNX export: use backend 'onnx' (--backend onnx), or pass "
+                          "the reward-model directory it was exported from for backend 'torch'.")
+    return model_class.from_pretrained(directory)
 
 
 @hookimpl

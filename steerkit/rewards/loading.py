@@ -1,7 +1,8 @@
 """The one seam where a reward reference becomes a decoding-time :class:`~steerkit.rewards.base.Reward`.
 
 A reference is a registered reward name (``toxicity``), a qualified one (``steerkit-toxicity:toxicity``), a
-reward-model directory, or a directory in a backend's own format (an ONNX export). The backend is looked up
+reward-model directory, or a directory in a backend's own format (an ONNX export). A directory's kind
+(sequence or token-level) is looked up in the table of reward kinds (:mod:`steerkit.rewards.kinds`), the backend
 in the table of registered backends (:mod:`steerkit.rewards.backends`): it loads a directory's model and
 builds its scoring cache. ``generate``, config files, ``steerkit eval``, ``steerkit export``, the CLI and
 ``RewardAugmentedLogitsProcessor`` users all come through :func:`load_reward`.
@@ -13,12 +14,11 @@ from pathlib import Path
 
 from ..errors import InvalidArgumentError, PluginError
 from ..registry import get_registry
-from .backends import DEFAULT_BACKEND, check_backend, get_backend
+from .backends import DEFAULT_BACKEND, check_backend
 from .base import Reward
+from .kinds import kind_of
 from .model import CONFIG_NAME
 from .onnx_manifest import MANIFEST_NAME
-from .scorer import RewardModelScorer
-from .token_session import is_token_directory, load_token_reward
 
 CONTEXTS = ("continuation", "full")
 
@@ -52,12 +52,10 @@ def _is_registered(name: str) -> bool:
 
 
 def load_directory(directory: Path, *, backend: str = DEFAULT_BACKEND, context: str = "continuation",
-                   name: str | None = None) -> RewardModelScorer:
-    """The reward of a reward-model directory (or a backend's export directory) run by ``backend``."""
-    if is_token_directory(directory):  # a token-level reward model (kind: token)
-        return load_token_reward(directory, backend=backend, context=context, name=name)
-    model = get_backend(backend).load(Path(directory))
-    return RewardModelScorer(model, name=name or model.config.name, backend=backend, context=context)
+                   name: str | None = None) -> Reward:
+    """The reward of a reward-model directory (or a backend's export directory) run by ``backend``, as its kind
+    (:func:`~steerkit.rewards.kinds.kind_of`) loads it."""
+    return kind_of(directory).load_reward(Path(directory), backend=backend, context=context, name=name)
 
 
 def get_reward(name: str, *, backend: str = DEFAULT_BACKEND, context: str = "continuation"):

@@ -28,7 +28,8 @@ from torch import nn
 
 from ..errors import InvalidArgumentError, PromptTooLongError, RewardModelFormatError
 from ..hf_compat import cache_kwargs, output_cache
-from ..models import atomic_write_text, context_length, load_causal_lm, load_tokenizer, resolve
+from ..files import atomic_write_text
+from ..models import context_length, load_causal_lm, load_tokenizer, resolve
 from .backbones import default_lora_targets, num_blocks, output_hidden_size, truncate, uses_conv1d
 from .model_config import (  # noqa: F401  (FORMAT_VERSION, TokenHeadSettings re-exported: importers use them)
     CONFIG_NAME, FORMAT_VERSION, LoraSettings, RewardModelConfig, TokenHeadSettings, _warn_on_old_rad_import,

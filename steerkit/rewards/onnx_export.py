@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ExportError
-from ..models import atomic_write_text, cache_dir, sha256_file
+from ..files import atomic_write_text, cache_dir, sha256_file
 from .model import CONFIG_NAME, RewardModel
 from .onnx_manifest import (DATA_FILE, EXPORT_FORMAT, EXPORT_FORMAT_VERSION, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR,
                             input_names, is_export_dir, output_names, tokenizer_fingerprint)

@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 
 from ..errors import ExportError
-from ..models import prepare_tokenizer, sha256_file
+from ..files import sha256_file
+from ..models import prepare_tokenizer
 from .model import RewardModelConfig
 
 MANIFEST_NAME = "steerkit_onnx.json"

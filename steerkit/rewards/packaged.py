@@ -8,21 +8,20 @@
         register("toxicity", reward_model_factory(MODEL_DIR, name="toxicity", package="steerkit-toxicity"),
                  description=describe_reward_model(MODEL_DIR, "toxicity"))
 
-The factory serves every registered backend (``torch``, ``onnx``, or one a plugin adds) through the backend table.
+The factory serves every registered backend (``torch``, ``onnx``, or one a plugin adds) through the backend table,
+and every kind of reward model (sequence or token-level) through the kind table (:mod:`steerkit.rewards.kinds`).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
 
 from ..errors import PluginError
-from .backends import DEFAULT_BACKEND, get_backend
+from .backends import DEFAULT_BACKEND
+from .kinds import DEFAULT_KIND, find_kind, kind_of
 from .model import CONFIG_NAME
-from .scorer import RewardModelScorer
-from .token_session import is_token_directory, load_token_reward
 
 
 def reward_model_factory(directory: str | os.PathLike, *, name: str, package: str | None = None):
@@ -30,7 +29,8 @@ def reward_model_factory(directory: str | os.PathLike, *, name: str, package: st
 
     The directory is checked when the reward is used, not at registration: if its files are missing the
     factory raises :class:`~steerkit.errors.PluginError` saying so. The model is loaded once per process and
-    backend; each call wraps it in a fresh :class:`~steerkit.rewards.scorer.RewardModelScorer`. The factory's
+    backend; each call wraps it in a fresh reward of its kind (a :class:`~steerkit.rewards.scorer.RewardModelScorer`
+    for a sequence reward model). The factory's
     ``directory`` attribute is the directory (``steerkit export onnx NAME`` hashes its files).
     """
     directory = Path(directory)
@@ -43,10 +43,7 @@ def reward_model_factory(directory: str | os.PathLike, *, name: str, package: st
                 "Train it (`steerkit train ...`), copy the reward-model directory there, and reinstall the "
                 "package; or pass a reward-model directory path instead of the name."
             )
-        if is_token_directory(directory):  # a token-level reward model (kind: token)
-            return load_token_reward(directory, backend=backend, context=context, name=name, cached=True)
-        model = _load_model(backend, str(directory.resolve()))
-        return RewardModelScorer(model, name=name, backend=backend, context=context)
+        return kind_of(directory).load_reward(directory, backend=backend, context=context, name=name, cached=True)
 
     factory.directory = directory
     return factory
@@ -65,11 +62,7 @@ def describe_reward_model(directory: str | os.PathLike, attribute: str) -> str:
         data = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return f"{attribute} (unreadable {config})"
-    kind = ", token-level head" if data.get("kind") == "token" else ""
+    kind = find_kind(data.get("kind", DEFAULT_KIND))
+    summary = f", {kind.summary}" if kind is not None and kind.summary else ""
     return (f"{data.get('attribute') or attribute} ({data.get('backbone', '?')}, {data.get('num_layers')} layers, "
-            f"{data.get('method', '?')}{kind})")
-
-
-@functools.lru_cache(maxsize=8)
-def _load_model(backend: str, directory: str):
-    return get_backend(backend).load(Path(directory))
+            f"{data.get('method', '?')}{summary})")

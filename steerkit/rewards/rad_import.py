@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelNotFoundError, OutputExistsError, RewardModelFormatError
-from ..models import atomic_write_text, load_causal_lm, resolve, sha256_file
+from ..files import atomic_write_text, sha256_file
+from ..models import load_causal_lm, resolve
 from .backbones import find_blocks, output_hidden_size
 from .model import CONFIG_NAME, RewardModel
 

@@ -10,15 +10,9 @@ import torch
 from .backends import DEFAULT_BACKEND, check_backend, get_backend
 from .model import RewardModel
 from .sessions import SameTokenizerSession
+from .vocab import same_vocabulary
 
 Context = Literal["continuation", "full"]
-
-
-def same_vocabulary(a, b) -> bool:
-    """True when two tokenizers map every token string to the same id (candidate ids can be shared)."""
-    if a is b:
-        return True
-    return len(a) == len(b) and a.get_vocab() == b.get_vocab()
 
 
 class RewardModelScorer:

@@ -28,15 +28,12 @@ Decoding uses :meth:`TokenRewardModel.run` (query and baseline of the last posit
 from __future__ import annotations
 
 import functools
-import json
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..hf_compat import cache_kwargs, output_cache
-from .model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel, RewardOutput, TokenHeadSettings
-from .onnx_manifest import MANIFEST_NAME
+from .model import OUTPUT_FUNCTIONS, RewardModel, RewardOutput, TokenHeadSettings
 
 #: from this share of the vocabulary in distinct candidates on, they are scored with one [B, V] product and a gather
 FULL_PRODUCT_FRACTION = 0.25
@@ -110,18 +107,11 @@ def realized_logits(query: torch.Tensor, offset: torch.Tensor, embeddings: torch
 
 
 def is_token_directory(directory) -> bool:
-    """True for a reward-model directory or an ONNX export whose config says ``kind: token``."""
-    directory = Path(directory)
-    for name, key in ((CONFIG_NAME, None), (MANIFEST_NAME, "reward_config")):
-        path = directory / name
-        if path.is_file():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                return False  # the regular loaders report the unreadable file
-            config = data.get(key, {}) if key else data
-            return isinstance(config, dict) and config.get("kind") == "token"
-    return False
+    """True for a reward-model directory or an ONNX export of the ``token`` kind (:mod:`steerkit.rewards.kinds`,
+    where loading looks a directory's kind up)."""
+    from .kinds import get_kind
+
+    return get_kind("token").detects(directory)
 
 
 class TokenHead(nn.Module):

@@ -31,14 +31,14 @@ from pathlib import Path
 import torch
 
 from ..errors import ExportError
-from .model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel
+from .model import OUTPUT_FUNCTIONS, RewardModel
 from .onnx_backend import OnnxRuntime, load_export, score_from_scratch
 from .onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against_torch, _check_out_dir,
                           _dynamic_axes, _export_into_cache, _ExportWrapper, _make_tmp_dir, _manifest, _require,
                           _write_graph, _write_manifest_and_publish, cache_entry, model_content_hash, reward_dir_hash)
 from .onnx_manifest import (DATA_FILE, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR, input_names, is_export_dir,
                             output_names, verify_export)
-from .token_model import TokenRewardModel, is_token_directory, realized_logits, textless_ids
+from .token_model import TokenRewardModel, realized_logits, textless_ids
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 
@@ -98,25 +98,16 @@ def ensure_token_export(directory, *, reward_hash: str | None = None, opset: int
         source={"kind": "directory", "directory": str(directory.resolve())}, opset=opset))
 
 
-def token_export_source(reference: str) -> tuple[TokenRewardModel, str, dict] | None:
-    """(model, reward hash, provenance) when ``reference`` (a directory or a registered name) is a token-level
-    reward model; None otherwise (then it is a sequence model for :func:`~.onnx_export.export_source`)."""
-    path = Path(reference).expanduser()
-    if path.name == CONFIG_NAME:
-        path = path.parent
-    provenance = {"kind": "directory"}
-    if not path.is_dir():
-        try:
-            from ..registry import get_registry
+def token_export_source(reference: str) -> tuple[TokenRewardModel, str, dict]:
+    """(model, reward hash, provenance) of a token-level reward model: a directory, or a registered name whose
+    factory ships one (the ``export_source`` of the ``token`` kind, :mod:`steerkit.rewards.kinds`)."""
+    from .kinds import source_directory
 
-            directory = getattr(get_registry().get("reward", reference).factory, "directory", None)
-        except Exception:  # not registered: export_source raises the helpful error
-            return None
-        if directory is None:
-            return None
-        path, provenance = Path(directory), {"kind": "registered", "name": reference}
-    if is_export_dir(path) or not is_token_directory(path):
-        return None
+    path, provenance = source_directory(reference)
+    if path is None:
+        raise ExportError(f"{reference!r} is neither a reward-model directory nor a registered reward that ships one.")
+    if is_export_dir(path):
+        raise ExportError(f"{path} is already an ONNX export; pass the source reward-model directory.")
     return (TokenRewardModel.from_pretrained(path), reward_dir_hash(path),
             {**provenance, "directory": str(path.resolve())})
 

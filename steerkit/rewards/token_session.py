@@ -16,22 +16,12 @@ A token-level reward reads the LM's token ids directly, so it needs the LM's voc
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import torch
 
 from ..errors import InvalidArgumentError, VocabularyMismatchError
 from .attention import additive, append_mask_4d
-from .token_model import candidate_logits, is_token_directory, realized_logits  # noqa: F401 (is_token_directory: loading's dispatch)
-
-#: the backends that run token-level reward models, and how each loads a directory
-TOKEN_BACKENDS = ("torch", "onnx")
-
-
-def same_vocabulary(a, b) -> bool:
-    """True when two tokenizers map every token string to the same id."""
-    return a is b or (len(a) == len(b) and a.get_vocab() == b.get_vocab())
+from .token_model import candidate_logits, realized_logits
+from .vocab import same_vocabulary
 
 
 def check_vocabulary(name: str, model, lm_tokenizer) -> None:
@@ -162,42 +152,18 @@ class TokenSession:
         self.current = torch.cat([self.current, other.current.to(self.device)])
 
 
-# -- loading --------------------------------------------------------------------------------------------
+# -- loading (the ``token`` kind of :mod:`steerkit.rewards.kinds`) ------------------------------------------
 def load_token_model(directory, backend: str = "torch", *, cached: bool = False):
-    """The model of a token-level reward-model directory (or, for ``onnx``, of its export). ``cached``: once per
-    process, directory and backend (what packaged rewards use)."""
-    directory, backend = str(Path(directory).resolve()), _check_backend(backend)
-    return _load_cached(directory, backend) if cached else _load(directory, backend)
+    """The model of a token-level reward-model directory (or of a backend's export of it), loaded by the backend's
+    ``load_token`` (:mod:`steerkit.rewards.backends`). ``cached``: once per process, directory and backend (what
+    packaged rewards use)."""
+    from .kinds import get_kind
 
-
-@functools.lru_cache(maxsize=8)
-def _load_cached(directory: str, backend: str):
-    return _load(directory, backend)
-
-
-def _load(directory: str, backend: str):
-    if backend == "onnx":
-        from .token_onnx import OnnxTokenModel
-
-        return OnnxTokenModel.load(directory)
-    from ..errors import ExportError
-    from .onnx_manifest import is_export_dir
-    from .token_model import TokenRewardModel
-
-    if is_export_dir(directory):
-        raise ExportError(f"{directory} is an ONNX export: use backend 'onnx' (--backend onnx), or pass the "
-                          "reward-model directory it was exported from for backend 'torch'.")
-    return TokenRewardModel.from_pretrained(directory)
-
-
-def _check_backend(backend: str) -> str:
-    if backend not in TOKEN_BACKENDS:
-        raise InvalidArgumentError(f"Backend {backend!r} does not run token-level reward models (kind: token); "
-                                   f"use {' or '.join(map(repr, TOKEN_BACKENDS))}.")
-    return backend
+    return get_kind("token").load_model(directory, backend, cached=cached)
 
 
 def load_token_reward(directory, *, backend: str = "torch", context: str = "continuation",
                       name: str | None = None, cached: bool = False) -> TokenReward:
-    model = load_token_model(directory, backend, cached=cached)
-    return TokenReward(model, name=name or model.config.name, backend=backend, context=context)
+    from .kinds import get_kind
+
+    return get_kind("token").load_reward(directory, backend=backend, context=context, name=name, cached=cached)

@@ -21,10 +21,10 @@ def engine_parts(config=None) -> EngineParts:
     every installed reward, no default steering). Every reward is loaded now, so that no request waits for a
     load; an installed reward that fails to load is skipped with a :class:`~steerkit.errors.SteerkitWarning`
     (the config's own rewards must load)."""
+    from ..assembly import assemble
     from ..config import SteeringConfig
     from ..devices import place, resolve_device
     from ..errors import SteerkitError, SteerkitWarning
-    from ..models import load_causal_lm_cached
     from ..registry import list_rewards
     from ..rewards.loading import load_reward
 
@@ -43,10 +43,9 @@ def engine_parts(config=None) -> EngineParts:
         except SteerkitError as exc:
             warnings.warn(f"reward {registration.name!r} is installed but could not be loaded, so it is not served: "
                           f"{exc}", SteerkitWarning, stacklevel=2)
-    model, tokenizer, _ = load_causal_lm_cached(config.lm)
+    setup = assemble(config.lm, device=config.device)  # the LM, on the config's device
+    model, tokenizer = setup.model, setup.tokenizer
     if config.device is not None:
-        from ..steering import SteeringTerm
-
-        model = place(model, [SteeringTerm(r, 0.0) for r in rewards.values()], config.device)
+        model = place(model, rewards.values(), config.device)
     default = [spec.model_dump() for spec in config.rewards] or None
     return EngineParts(model, tokenizer, rewards, default, config.k, config.lm)

@@ -16,15 +16,13 @@ from .metrics import final_metrics
 
 def assess(config: TrainConfig, model_dir: str | Path) -> dict:
     from ..devices import resolve_device
-    from ..rewards.model import RewardModel
-    from ..rewards.token_model import TokenRewardModel, is_token_directory
+    from ..rewards.kinds import kind_of
     from ..threads import set_threads
     from .trainer import tokenize_dataset
 
     set_threads(config.threads)
     device = resolve_device(config.device)
     dataset = config.read_dataset()
-    kind = TokenRewardModel if is_token_directory(model_dir) else RewardModel  # kind: token or sequence
-    model = kind.from_pretrained(model_dir).to(device).eval()
+    model = kind_of(model_dir).model_class.from_pretrained(model_dir).to(device).eval()  # its kind's torch model
     tokens = tokenize_dataset(model, dataset, config)
     return final_metrics(model, dataset, tokens.dev, tokens.eval_sets, config)

@@ -81,18 +81,15 @@ def render_card(config: TrainConfig, metrics: dict) -> str:
 
 
 def _method(config: TrainConfig) -> str:
-    """How the reward model was trained, in one phrase (a token-level head names its parametrisation)."""
+    """How the reward model was trained, in one phrase, as its kind words it (:mod:`steerkit.rewards.kinds`: a
+    token-level head names its parametrisation)."""
+    from ..rewards.kinds import DEFAULT_KIND, get_kind
+
     lora = config.lora
     method = {"lora": f"LoRA (r={lora.r}, alpha={lora.alpha}, on {', '.join(lora.target_modules or ['the attention projections'])}) + scalar head",
               "head": "scalar head over a frozen backbone",
               "full": "full fine-tune of the kept layers + scalar head"}[config.method]
-    if getattr(config, "kind", "sequence") == "token":  # a token-level head (steerkit.rewards.token_model)
-        rank = config.token_head.rank
-        method = method.replace("scalar head", "token-level head") + (
-            f" (ρ(prefix, v) = σ(⟨W h, e_v⟩{' + b·h' if config.token_head.baseline else ''} + c), W "
-            f"{'d×d' if rank is None else f'of rank {rank}'}, e_v the frozen output embeddings"
-            + (f"; distilled from `{config.distill.teacher}`" if config.distill else "") + ")")
-    return method
+    return get_kind(getattr(config, "kind", DEFAULT_KIND)).describe_method(config, method)
 
 
 def _header_lines(config: TrainConfig) -> list[str]:

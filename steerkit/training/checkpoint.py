@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from ..models import atomic_write_text
+from ..files import atomic_write_text
 
 STATE_NAME = "state.json"
 TRAINABLE_NAME = "trainable.safetensors"

@@ -17,7 +17,7 @@ import re
 import shlex
 from pathlib import Path
 
-from ..models import atomic_write_text
+from ..files import atomic_write_text
 from .card import cross_source_lines
 from .checkpoint import has_checkpoints
 from .config import TrainConfig

@@ -14,7 +14,6 @@ a seeded, per-source split (:func:`build_dataset`).
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import re
@@ -25,6 +24,7 @@ from typing import Iterator
 import torch
 
 from ..errors import DataError
+from ..seeds import mixed_seed, unit_hash
 from .sources import DataSource
 from .surface import apply_transforms
 
@@ -179,7 +179,7 @@ def _keys_hint(record) -> str:
 
 def read_source(source: DataSource, index: int, data_root: Path | None, seed: int = 0) -> tuple[list[Example], SourceStats]:
     """Read and validate one source. Raises DataError on the first bad row unless ``skip_invalid``."""
-    from ..models import sha256_file
+    from ..files import sha256_file
 
     path = source.resolve(data_root)
     stats = SourceStats(name=source.display_name, path=source.path, licence=source.licence)
@@ -222,7 +222,7 @@ def read_source(source: DataSource, index: int, data_root: Path | None, seed: in
         raise DataError(f"{path}: no usable rows ({stats.rows} read, {stats.skipped} skipped as invalid).")
     if source.limit is not None and len(examples) > source.limit:
         # the lowest hashes of (seed, file, line): two views of one file with the same limit keep the same lines
-        scores = [_unit_hash(f"{seed}:limit:{source.path}:{ex.line}") for ex in examples]
+        scores = [unit_hash(f"{seed}:limit:{source.path}:{ex.line}") for ex in examples]
         keep = sorted(sorted(range(len(examples)), key=lambda i: scores[i])[: source.limit])
         examples = [examples[i] for i in keep]
     stats.used = len(examples)
@@ -236,11 +236,6 @@ _NORMALISE = re.compile(r"[\W_]+", re.UNICODE)
 def normalise(text: str) -> str:
     """The de-duplication key: lower case, punctuation and spacing removed (so tokenized copies match)."""
     return _NORMALISE.sub(" ", text.lower()).strip()
-
-
-def _unit_hash(key: str) -> float:
-    """A uniform number in [0, 1) from a string (stable across processes, unlike hash())."""
-    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2.0**64
 
 
 MIN_EXAMPLES_FOR_DEV = 2  # in one source: one held out for the dev split, one to train on
@@ -297,7 +292,7 @@ def build_dataset(sources: list[DataSource], eval_sources: list[DataSource], dat
 
     # dev membership is a pure function of (seed, file, line): two views of one file (e.g. the prompt and
     # the continuation of the same record) fall on the same side of the split
-    all_scores = [[_unit_hash(f"{seed}:split:{sources[i].path}:{ex.line}") for ex in kept]
+    all_scores = [[unit_hash(f"{seed}:split:{sources[i].path}:{ex.line}") for ex in kept]
                   for i, kept in enumerate(per_source)]
     dev_sets = []
     for kept, scores in zip(per_source, all_scores):
@@ -340,7 +335,7 @@ def epoch_indices(examples: list[Example], weights: list[float], seed: int, epoc
 
     A weight of 2 shows every row twice, 0.5 a random half; deterministic in (seed, epoch).
     """
-    generator = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(epoch))
+    generator = torch.Generator().manual_seed(mixed_seed(seed, 1_000_003, epoch))
     by_source: dict[int, list[int]] = {}
     for i, ex in enumerate(examples):
         by_source.setdefault(ex.source, []).append(i)
@@ -365,7 +360,7 @@ def length_grouped_batches(order: list[int], lengths: list[int], batch_size: int
     for start in range(0, len(order), window):
         chunk = sorted(order[start:start + window], key=lambda i: lengths[i])
         batches.extend(chunk[j:j + batch_size] for j in range(0, len(chunk), batch_size))
-    generator = torch.Generator().manual_seed(int(seed) * 7_919 + int(epoch) + 17)
+    generator = torch.Generator().manual_seed(mixed_seed(seed, 7_919, int(epoch) + 17))
     perm = torch.randperm(len(batches), generator=generator).tolist()
     return [batches[p] for p in perm]
 

@@ -29,8 +29,10 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, VocabularyMismatchError
-from ..models import atomic_write_text
+from ..files import atomic_write_text
 from ..rewards.token_model import keep_text_reward, realized_logits
+from ..rewards.vocab import same_vocabulary
+from ..seeds import mixed_seed
 
 SAMPLES_NAME = "distill-samples.safetensors"
 SAMPLES_STATE = "distill-samples.json"
@@ -81,6 +83,7 @@ def load_or_sample(config, texts: list[str], directory: Path, student_tokenizer,
     """The samples for ``config.distill``: read from ``directory`` when complete, else (re)sampled from where an
     interrupted run stopped."""
     from ..decoding import RewardAugmentedGenerator
+    from ..devices import place
     from ..models import load_causal_lm_cached
     from ..rewards.loading import load_reward
     from ..steering import SteeringTerm
@@ -95,33 +98,30 @@ def load_or_sample(config, texts: list[str], directory: Path, student_tokenizer,
     if done >= len(prompts):
         return _merge(parts)
     lm, tokenizer, _ = load_causal_lm_cached(d.lm)
-    if not _same_vocabulary(tokenizer, student_tokenizer):
+    if not same_vocabulary(tokenizer, student_tokenizer):
         raise VocabularyMismatchError(f"distill.lm {d.lm!r} has another vocabulary than the student's backbone "
                                       f"{config.backbone!r}; sample with an LM of the backbone's family.")
     teacher = load_reward(d.teacher, context=d.context)
+    terms = [SteeringTerm(teacher, beta, name="teacher") for beta in d.steer_betas]  # round robin over batches
+    lm = place(lm, terms, config.device)  # the LM and the teacher's model sample where the student trains
     log(f"distillation samples: {done}/{len(prompts)} done; sampling from {d.lm!r}, teacher {d.teacher!r}, k={d.k}")
     size = d.generation_batch_size
     for lo in range(done, len(prompts), size):
         chunk = prompts[lo:lo + size]
-        beta = d.steer_betas[(lo // size) % len(d.steer_betas)]
-        generator = RewardAugmentedGenerator(lm, tokenizer, [SteeringTerm(teacher, beta, name="teacher")], k=d.k)
+        generator = RewardAugmentedGenerator(lm, tokenizer, [terms[(lo // size) % len(terms)]], k=d.k)
         out = generator.generate(chunk, max_new_tokens=d.max_new_tokens, temperature=d.temperature,
-                                 seed=config.seed * 7919 + lo, return_traces=True)
+                                 seed=mixed_seed(config.seed, 7919, lo), return_traces=True)
         parts.append(_from_traces(out, chunk, d.context, student_tokenizer, start_token_id))
         _write(directory, parts, key)
         log(f"distillation samples: {min(lo + size, len(prompts))}/{len(prompts)}")
     return _merge(parts)
 
 
-def _same_vocabulary(a, b) -> bool:
-    return a is b or (len(a) == len(b) and a.get_vocab() == b.get_vocab())
-
-
 def _from_traces(out, prompts, context, tokenizer, start: int) -> DistillSamples:
-    steps = out.traces[0]
-    cands = torch.stack([t.topk_ids for t in steps], 1)  # [B, S, k]
-    rho = torch.stack([t.rewards["teacher"] for t in steps], 1).float()
-    valid = torch.stack([t.chosen >= 0 for t in steps], 1)  # [B, S]
+    steps = out.traces[0]  # on the sampling device; the samples are kept (and saved) on the CPU
+    cands = torch.stack([t.topk_ids for t in steps], 1).cpu()  # [B, S, k]
+    rho = torch.stack([t.rewards["teacher"] for t in steps], 1).float().cpu()
+    valid = torch.stack([t.chosen >= 0 for t in steps], 1).cpu()  # [B, S]
     B, S, _ = cands.shape
     heads = [[start] + (tokenizer(p, add_special_tokens=False)["input_ids"] if context == "full" else [])
              for p in prompts]

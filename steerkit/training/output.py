@@ -55,7 +55,7 @@ def portable_config(config: TrainConfig) -> dict:
 
 def write_output(model: RewardModel, config: TrainConfig, metrics: dict, *, overwrite: bool = False) -> Path:
     """Write the reward-model directory next to its destination, then swap it in (the old one survives failures)."""
-    from ..models import atomic_write_text
+    from ..files import atomic_write_text
     from .card import render_card
 
     output = Path(config.output_dir)

@@ -79,8 +79,10 @@ class Checkpointer:
             changed = [p for p in self.data_hashes if state.get("data_sha256", {}).get(p) != self.data_hashes[p]]
             raise CheckpointError(f"{ckpt.path}: data files changed since the checkpoint ({', '.join(changed)}). "
                                   "Restore them, or start again with --overwrite.")
-        if set(ckpt.trainable) != set(self.params):
-            raise CheckpointError(f"{ckpt.path} does not match the model's trainable parameters.")
+        problem = trainable_mismatch(ckpt.trainable, self.params)
+        if problem:
+            raise CheckpointError(f"{ckpt.path} does not match the model's trainable parameters ({problem}). "
+                                  "Restore the original model and method, or start again with --overwrite.")
         with torch.no_grad():
             for name, p in self.params.items():
                 p.copy_(ckpt.trainable[name])
@@ -90,6 +92,17 @@ class Checkpointer:
         self.created_dir = bool(state.get("created_checkpoint_dir", default_created))
         return RunState(state["step"], state.get("history", []), state.get("train_seconds", 0.0),
                         state.get("running_loss"), ckpt.path.name)
+
+
+def trainable_mismatch(saved: dict[str, torch.Tensor], params: dict[str, torch.nn.Parameter]) -> str:
+    """How a checkpoint's trainable tensors differ from the model's trainable parameters ("" when they match:
+    the same names, each of the same shape)."""
+    missing, extra = sorted(set(params) - set(saved)), sorted(set(saved) - set(params))
+    reshaped = sorted(n for n in set(params) & set(saved) if tuple(saved[n].shape) != tuple(params[n].shape))
+    parts = [f"{label}: {', '.join(names[:3])}{' …' if len(names) > 3 else ''}"
+             for label, names in (("not in the checkpoint", missing), ("no longer trained", extra),
+                                  ("another shape", reshaped)) if names]
+    return "; ".join(parts)
 
 
 def state_flag(ckpt_dir: Path, key: str, default: bool) -> bool:

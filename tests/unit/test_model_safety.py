@@ -340,7 +340,7 @@ def _edit_in_place_keeping_size_and_mtime(path: Path, offset: int) -> None:
 
 @pytest.mark.parametrize("size,offset", [(3 << 20, (3 << 20) // 2), (4096, 100)])
 def test_sha256_memo_sees_an_in_place_edit_that_restores_size_and_mtime(tmp_path, size, offset):
-    from steerkit.models import sha256_file
+    from steerkit.files import sha256_file
 
     path = tmp_path / "weights.bin"
     path.write_bytes(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8).tobytes())

@@ -107,7 +107,7 @@ class PerspectiveScorer(BaseScorer):
         self.batch_size = 64
         self.requests = 0  # HTTP requests sent, retries included
         if use_cache:
-            from ...models import cache_dir
+            from ...files import cache_dir
 
             self.cache: ScoreCache | None = ScoreCache(Path(cache) if cache else cache_dir() / "perspective" / "scores.sqlite")
         else:

@@ -1,0 +1,104 @@
+"""File helpers: the cache directory, memoised SHA-256 of large files, and atomic writes.
+
+* :func:`cache_dir`: ``$STEERKIT_CACHE``, else ``$XDG_CACHE_HOME/steerkit`` (``~/.cache/steerkit``).
+* :func:`sha256_file`: a file's SHA-256, memoised under ``cache_dir()/hashes`` so multi-GB weights are hashed
+  once; the memo key (:func:`_memo_key`) changes with any in-place edit.
+* :func:`atomic_write_text`: a temporary file in the same directory, fsynced, then renamed over the target,
+  so readers never see a half-written file.
+* :func:`_assemble_atomically`: a chunked packaged file (the Gemma 3 GGUF wheels) reassembled the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from .errors import ModelIntegrityError
+
+
+def cache_dir() -> Path:
+    """The steerkit cache directory (``$STEERKIT_CACHE``, else ``$XDG_CACHE_HOME/steerkit``)."""
+    if os.environ.get("STEERKIT_CACHE"):
+        return Path(os.environ["STEERKIT_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "steerkit"
+
+
+_EDGE = 1 << 20  # bytes at each end of a file hashed into the memo key
+
+
+def _memo_key(path: Path, stat: os.stat_result) -> str:
+    """What a file's SHA-256 memo is keyed on: things an in-place edit cannot keep.
+
+    Besides path, size and mtime (which ``os.utime`` can restore), the key holds the inode, the device and
+    the status-change time ``st_ctime_ns`` (set by the kernel on every write and on every ``utime``; no
+    user call sets it back), plus a hash of the file's first and last MiB.
+    """
+    edges = hashlib.sha256()
+    with path.open("rb") as fh:
+        edges.update(fh.read(_EDGE))
+        if stat.st_size > _EDGE:
+            fh.seek(max(_EDGE, stat.st_size - _EDGE))
+            edges.update(fh.read(_EDGE))
+    fields = (path, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino, stat.st_dev, edges.hexdigest())
+    return hashlib.sha256("|".join(map(str, fields)).encode()).hexdigest()[:32]
+
+
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a file, memoised in the cache so large files are hashed once.
+
+    The memo is keyed by :func:`_memo_key` (path, size, mtime, ctime, inode, first and last MiB): editing the
+    file in place, even restoring its size and mtime afterwards, changes the key and the file is hashed again.
+    """
+    path = Path(path).resolve()
+    stat = path.stat()
+    memo = cache_dir() / "hashes" / _memo_key(path, stat)
+    with contextlib.suppress(OSError):
+        value = memo.read_text().strip()
+        if len(value) == 64:
+            return value
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    value = digest.hexdigest()
+    after = path.stat()
+    if (after.st_size, after.st_mtime_ns, after.st_ctime_ns) == (stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns):
+        with contextlib.suppress(OSError):  # not memoised when the file changed while it was being read
+            atomic_write_text(memo, value)
+    return value
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a text file atomically (temporary file in the same directory, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _assemble_atomically(module, target: Path) -> None:
+    """``module.assemble`` (a chunked-GGUF wheel's reassembler, which checks the published SHA-256) into a
+    temporary file next to ``target``, renamed into place only when complete and verified."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".assembling.")
+    os.close(fd)
+    try:
+        module.assemble(tmp, overwrite=True)  # verifies the published SHA-256
+        os.replace(tmp, target)
+    except ValueError as exc:
+        raise ModelIntegrityError(f"Reassembled {target.name} failed its SHA-256 check: {exc}") from None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
