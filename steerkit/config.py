@@ -63,7 +63,7 @@ class SteeringConfig(ValidatedConfig):
     @field_validator("temperature")
     @classmethod
     def _temperature(cls, v: float) -> float:
-        from .steering import validate_temperature
+        from .validators import validate_temperature
 
         return validate_temperature(v)  # > 0 and finite in float32, the dtype scores are divided in
 

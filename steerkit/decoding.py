@@ -16,7 +16,8 @@ from .engine.text import cut_at_stop
 from .errors import InvalidArgumentError, PromptTooLongError
 from .models import context_length
 from .params import SteerParams
-from .steering import SteeringTerm, check_terms, check_unicode, validate_int, validate_k, warn_if_slow
+from .steering import SteeringTerm, check_terms, warn_if_slow
+from .validators import check_unicode, validate_int, validate_k
 from .terms import build_terms  # noqa: F401 (steerkit.decoding.build_terms: the Python API's rewards)
 
 

@@ -21,7 +21,8 @@ from typing import Sequence
 import torch
 from transformers import LogitsProcessor
 
-from .steering import SteeringTerm, check_terms, reweight, validate_k, warn_if_slow
+from .steering import SteeringTerm, check_terms, reweight, warn_if_slow
+from .validators import validate_k
 
 
 class RewardAugmentedLogitsProcessor(LogitsProcessor):

@@ -22,9 +22,10 @@ from typing import Callable, Literal, Mapping, Sequence
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .errors import InvalidArgumentError, SteerkitError, format_validation_error
-from .steering import (
-    BetaSchedule, SteeringTerm, check_terms, make_transform, validate_beta, validate_int, validate_k, validate_seed,
-    validate_stop_strings, validate_temperature,
+from .steering import BetaSchedule, SteeringTerm, check_terms, make_transform
+from .validators import (
+    validate_beta, validate_int, validate_k, validate_sampling_temperature, validate_seed, validate_stop_strings,
+    validate_temperature, validate_timeout,
 )
 
 FORMS = ("rewards must be a mapping of reward references to beta (in JSON: an object mapping reward names to beta, "
@@ -177,24 +178,6 @@ def resolve_terms(entries, load: Loader) -> list[SteeringTerm]:
             terms.append(SteeringTerm(reward, schedule, make_transform(entry.transform, entry.clamp),
                                       name=entry.label or entry.name))
     return check_terms(terms)
-
-
-def validate_timeout(value) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise InvalidArgumentError(f"timeout_s must be a number of seconds > 0 or None, got {value!r}.")
-    return float(value)
-
-
-def validate_sampling_temperature(value) -> float:
-    """0 (greedy, OpenAI's convention) or what :func:`~steerkit.steering.validate_temperature` accepts."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value == 0:
-            return 0.0
-        if value < 0:
-            raise InvalidArgumentError(f"temperature must be >= 0 (0 is greedy decoding), got {value!r}.")
-    return validate_temperature(value)
 
 
 class RewardSpec(BaseModel):

@@ -1,133 +1,29 @@
-"""One RAD reweighting step, shared by :func:`steerkit.generate` and the ``LogitsProcessor``.
+"""Steering terms: a reward with its signed weight β (and its schedule and transform), the checks on a set of
+terms, and :func:`reweight`, the RAD step (:mod:`steerkit.engine.step`) on a batch that shares its terms, as
+the transformers ``LogitsProcessor`` applies it.
 
 ``scores = z_topk + Σ_i β_i(t) · f_i(ρ_i)`` on the k most likely tokens, ``-inf`` on every other token.
-
-The validators every entry point shares (Python API, config files, the CLI, the ``LogitsProcessor``) live
-here too: :func:`validate_int`, :func:`validate_k`, :func:`validate_beta`, :func:`validate_temperature`,
-:func:`validate_seed`, :func:`validate_stop_strings`.
+The validators every surface shares live in :mod:`steerkit.validators`.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
-import operator
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
-import numpy as np
 import torch
 
 from .errors import InvalidArgumentError, NonFiniteRewardError, SteerkitError, SteerkitWarning
 from .rewards.base import Reward, RewardSession
-
-#: Largest |β| of one term, and of the sum of |β| over all terms. Scores are float32 (max ≈ 3.4e38) and
-#: ``z + Σ β ρ`` with ρ in [0, 1] must stay finite: 1e30 leaves eight orders of magnitude of headroom for the
-#: logits and for rewards somewhat outside [0, 1], while already being far past the point (|β| ≈ 1e3–1e6)
-#: where the reward alone decides the token.
-MAX_ABS_BETA = 1e30
+from .validators import MAX_ABS_BETA, validate_beta, validate_int
 
 #: Above this many candidates per step, a sequence-level reward (one reward-model position per candidate,
 #: every step) costs far more than the LM itself: the paper and steerkit's defaults use k = 20 (1.1–1.35× the
 #: plain decode time), k = 50 is already past the point where larger k changes the steered text, and at
 #: k = 200 each step scores ten times the default's candidates.
 LARGE_K = 200
-
-#: The seeds ``torch.manual_seed`` accepts (negative seeds are taken modulo 2**64).
-SEED_RANGE = (-(2**63), 2**64 - 1)
-
-_FLOAT32 = torch.finfo(torch.float32)
-
-
-def validate_int(name: str, value, minimum: int | None = 1, maximum: int | None = None, *,
-                 hint: str = "") -> int:
-    """``value`` as a Python int: any integral (int, numpy integer, ...) but not a bool, within the bounds."""
-    try:
-        if isinstance(value, (bool, np.bool_)):  # numpy's too: operator.index of it warns, then fails (numpy 2)
-            raise TypeError
-        number = operator.index(value)
-    except TypeError:
-        number = None
-    if number is None or (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
-        if minimum == 1 and maximum is None:
-            expected = "a positive integer"
-        elif maximum is None:
-            expected = f"an integer >= {minimum}"
-        else:
-            expected = f"an integer in [{minimum}, {maximum}]"
-        raise InvalidArgumentError(f"{name} must be {expected}{hint}, got {value!r}.")
-    return number
-
-
-def validate_k(k, vocab_size: int) -> int:
-    return validate_int("k", k, 1, vocab_size, hint=" (the LM's vocabulary size)")
-
-
-def validate_seed(seed) -> int | None:
-    if seed is None:
-        return None
-    lo, hi = SEED_RANGE
-    return validate_int("seed", seed, lo, hi, hint=" (what torch.manual_seed accepts: -2**63 to 2**64 - 1) or None")
-
-
-def validate_beta(value, what: str = "beta") -> float:
-    """A real number with |β| <= :data:`MAX_ABS_BETA` (finite in float32 with headroom), as a float."""
-    if isinstance(value, bool) or not isinstance(value, (numbers.Real, torch.Tensor)) or (
-            isinstance(value, torch.Tensor) and value.numel() != 1):
-        raise InvalidArgumentError(f"{what} must be a number, got {value!r} ({type(value).__name__}).")
-    number = float(value)
-    if not math.isfinite(number):
-        raise InvalidArgumentError(f"{what} must be a finite number, got {value!r}.")
-    if abs(number) > MAX_ABS_BETA:
-        raise InvalidArgumentError(
-            f"{what} = {value!r} is too large: |beta| must be at most {MAX_ABS_BETA:g} (scores are float32, "
-            f"max {_FLOAT32.max:.3g}); any |beta| above about 1e6 already lets the reward alone pick the token.")
-    return number
-
-
-def validate_temperature(temperature) -> float:
-    """A real number that is finite and > 0 as a float32 (the dtype the scores are divided in)."""
-    if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real):
-        raise InvalidArgumentError(f"temperature must be a number > 0, got {temperature!r}.")
-    value = float(temperature)
-    as_f32 = torch.tensor(value, dtype=torch.float32).item() if math.isfinite(value) else value
-    if not (math.isfinite(as_f32) and as_f32 > 0):
-        raise InvalidArgumentError(
-            f"temperature must be a number > 0 that stays finite and non-zero in float32 (about {2.0 ** -149:.2g} "
-            f"to {_FLOAT32.max:.3g}), got {temperature!r}; use do_sample=False for greedy decoding.")
-    return value
-
-
-def validate_stop_strings(stop_strings) -> list[str]:
-    """``None``, one string, or a list of non-empty strings that are valid Unicode."""
-    if stop_strings is None:
-        return []
-    if isinstance(stop_strings, str):
-        stop_strings = [stop_strings]
-    try:
-        items = list(stop_strings)
-    except TypeError:
-        raise InvalidArgumentError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r}.") from None
-    for i, s in enumerate(items):
-        if not isinstance(s, str) or not s:
-            raise InvalidArgumentError(
-                f"stop_strings[{i}] is {s!r}: stop strings must be non-empty strings (an empty one would match "
-                "before any text is generated).")
-        check_unicode(s, f"stop_strings[{i}]")
-    return items
-
-
-def check_unicode(text: str, what: str) -> None:
-    """A typed error naming the position of a lone surrogate (not encodable, tokenizers reject it)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidArgumentError(
-            f"{what} has an invalid character {text[exc.start]!r} (a lone surrogate) at position {exc.start}; "
-            "it is not valid Unicode text. Remove it, or decode the source bytes with errors='replace'."
-        ) from None
-
 
 @dataclass(frozen=True)
 class BetaSchedule:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .rewards.backends import DEFAULT_BACKEND
-from .steering import BetaSchedule, SteeringTerm, check_unicode, make_transform
+from .steering import BetaSchedule, SteeringTerm, make_transform
+from .validators import check_unicode
 
 #: ``load(reference, backend=..., context=...) -> Reward``; :func:`~steerkit.rewards.loading.load_reward` by default.
 Loader = Callable[..., object]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
+from ..seeds import keyed_seed
 
 
 @dataclass(frozen=True)
@@ -67,4 +67,4 @@ def load_prompts(path: str | Path, field: str = "prompt.text", limit: int | None
 def unit_seed(seed: int, prompt_set: str, index: int) -> int:
     """The sampling seed of one prompt: a function of (seed, prompt set, prompt index) only, so a resumed run
     produces exactly what an uninterrupted one would, and all settings share random numbers per prompt."""
-    return int(hashlib.sha256(f"{seed}|{prompt_set}|{index}".encode()).hexdigest()[:8], 16)
+    return keyed_seed(seed, prompt_set, index)

@@ -47,7 +47,7 @@ from ..engine.core import EngineCore
 from ..engine.rows import Row
 from ..errors import ServerBusyError, ServerShuttingDownError
 from ..models import context_length
-from ..steering import validate_int, validate_k
+from ..validators import validate_int, validate_k
 from .requests import FinishEvent, RowHandle, RowSpec, TokenEvent
 from .row_terms import RewardLookup, row_terms
 from .validation import prepare_rows

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..errors import InvalidArgumentError, PromptTooLongError, SteerkitError
 from ..params import SteerParams
-from ..steering import check_unicode
+from ..validators import check_unicode
 from ..engine.rows import Row
 from .requests import RowSpec
 from .row_terms import row_terms

@@ -82,11 +82,10 @@ def load_or_sample(config, texts: list[str], directory: Path, student_tokenizer,
                    log=print) -> DistillSamples:
     """The samples for ``config.distill``: read from ``directory`` when complete, else (re)sampled from where an
     interrupted run stopped."""
-    from ..decoding import RewardAugmentedGenerator
-    from ..devices import place
-    from ..models import load_causal_lm_cached
-    from ..rewards.loading import load_reward
-    from ..steering import SteeringTerm
+    from functools import cache
+
+    from ..assembly import assemble
+    from ..terms import reference_loader
 
     d = config.distill
     prompts = prompts_from(texts, d.prompts, d.prompt_words, config.seed)
@@ -97,18 +96,19 @@ def load_or_sample(config, texts: list[str], directory: Path, student_tokenizer,
     done = sum(len(p) for p in parts)
     if done >= len(prompts):
         return _merge(parts)
-    lm, tokenizer, _ = load_causal_lm_cached(d.lm)
-    if not same_vocabulary(tokenizer, student_tokenizer):
+    # one setting per steer_betas value, round robin over batches; the LM and the teacher's model sample where
+    # the student trains (the set-up path places them on config.device)
+    load = cache(reference_loader())  # the teacher is loaded once
+    setups = [assemble(d.lm, [{"name": d.teacher, "beta": beta, "label": "teacher", "context": d.context}], k=d.k,
+                       device=config.device, load=load) for beta in d.steer_betas]
+    if not same_vocabulary(setups[0].tokenizer, student_tokenizer):
         raise VocabularyMismatchError(f"distill.lm {d.lm!r} has another vocabulary than the student's backbone "
                                       f"{config.backbone!r}; sample with an LM of the backbone's family.")
-    teacher = load_reward(d.teacher, context=d.context)
-    terms = [SteeringTerm(teacher, beta, name="teacher") for beta in d.steer_betas]  # round robin over batches
-    lm = place(lm, terms, config.device)  # the LM and the teacher's model sample where the student trains
     log(f"distillation samples: {done}/{len(prompts)} done; sampling from {d.lm!r}, teacher {d.teacher!r}, k={d.k}")
     size = d.generation_batch_size
     for lo in range(done, len(prompts), size):
         chunk = prompts[lo:lo + size]
-        generator = RewardAugmentedGenerator(lm, tokenizer, [terms[(lo // size) % len(terms)]], k=d.k)
+        generator = setups[(lo // size) % len(setups)].generator()
         out = generator.generate(chunk, max_new_tokens=d.max_new_tokens, temperature=d.temperature,
                                  seed=mixed_seed(config.seed, 7919, lo), return_traces=True)
         parts.append(_from_traces(out, chunk, d.context, student_tokenizer, start_token_id))
