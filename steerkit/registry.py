@@ -307,10 +307,6 @@ def reset() -> None:
         _registry = None
 
 
-def get_plugin_manager() -> pluggy.PluginManager:
-    return get_registry().pm
-
-
 def register_plugin(plugin: Any, name: str | None = None) -> PluginInfo:
     """Register an in-process plugin (a module or object with ``@hookimpl`` functions), e.g. in a notebook."""
     return get_registry().register_plugin(plugin, name)

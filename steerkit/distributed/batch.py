@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from ..config import SteeringConfig
 from ..errors import ConfigError, DataError
@@ -157,5 +157,3 @@ class BatchJob:
                 advance(1)
         return done
 
-    def records(self) -> Iterator[dict]:
-        return iter(self.store)
