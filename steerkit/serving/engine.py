@@ -258,10 +258,12 @@ class Engine:
 
     # -- rows leaving -------------------------------------------------------------------------------------
     def _remove(self, finished: dict) -> None:
-        """Drop rows from the batch and every reward group, then send their FinishEvents."""
-        more = self._core.remove(finished)
-        for row, (reason, exc) in finished.items():
-            self._finish(row, reason, exc)
+        """Drop rows from the batch and every reward group, then send their FinishEvents: under the lock, so that
+        ``stats()`` never shows a row gone from ``running`` but not yet counted as finished."""
+        with self._lock:
+            more = self._core.remove(finished)
+            for row, (reason, exc) in finished.items():
+                self._finish(row, reason, exc)
         if more:  # rows that broke while being rebuilt after a failed keep_rows
             self._remove({r: ("error", e) for r, e in more.items()})
 
