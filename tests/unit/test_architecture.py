@@ -1,4 +1,6 @@
-"""The package's shape: no import cycle between steerkit's modules, and no module over 400 lines without a reason.
+"""The package's shape: no import cycle between steerkit's modules, no module over 400 lines without a reason, no
+function over 100 lines, no import from a higher layer (``LAYERS``), and docs that name every module
+(docs/architecture.md's module map, the README's layout).
 
 Imports are read with ``ast``, not by importing: every ``import`` / ``from`` statement counts, including those
 inside functions and under ``if TYPE_CHECKING`` (a lazy import hides a cycle, it does not remove it), with
@@ -11,6 +13,7 @@ imports first anyway.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -151,3 +154,200 @@ def test_no_module_over_400_lines_without_a_stated_reason(name):
     assert count <= MAX_LINES or stated_reason(path), (
         f"{path.relative_to(PACKAGE.parent)} has {count} lines: split it (one concept per module), or state why "
         f"not in the first lines of its module docstring, on a line starting {REASON!r}.")
+
+
+# -- the layers ------------------------------------------------------------------------------------------------------
+#
+# Lowest first. A module may import from its own layer and from the layers below it, never from a layer above
+# (module level, inside functions or under TYPE_CHECKING alike: ``imported`` sees them all). ``pkg.*`` is the
+# package and everything in it; any other entry is one module. A new module must be placed here (see
+# ``test_every_module_has_a_layer``); docs/architecture.md ("Layers") says the same in words.
+#
+# The RAD step (engine/step.py) and the text rule (engine/text.py) import nothing from steerkit and sit at the
+# bottom of the engine: ``steering.reweight`` is the step on a batch that shares its terms (steering -> engine.step)
+# and the engine core runs rows of steering terms (engine.core -> steering). So engine/ is two layers, the step
+# below the terms and the core above them.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation", (
+        "steerkit.errors", "steerkit.seeds", "steerkit.files", "steerkit.threads", "steerkit.validators",
+        "steerkit.hf_compat", "steerkit.hookspecs", "steerkit.plugin_conflicts", "steerkit.provenance",
+        "steerkit.registry", "steerkit.model_checks")),
+    ("the step", ("steerkit.engine", "steerkit.engine.step", "steerkit.engine.text")),
+    ("models and rewards", ("steerkit.models", "steerkit.devices", "steerkit.rewards.*")),
+    ("terms and parameters", ("steerkit.steering", "steerkit.params", "steerkit.terms", "steerkit.config")),
+    ("the engine core", (
+        "steerkit.engine.core", "steerkit.engine.rows", "steerkit.engine.lm_cache", "steerkit.engine.reward_groups")),
+    ("decoding and set-up", ("steerkit", "steerkit.decoding", "steerkit.hf", "steerkit.assembly")),
+    ("surfaces", ("steerkit.serving.*", "steerkit.evaluation.*", "steerkit.training.*", "steerkit.testing")),
+    ("distribution", ("steerkit.distributed.*",)),
+    ("command line", ("steerkit.cli.*", "steerkit.__main__")),
+)
+
+#: Surfaces that stand side by side: none imports another (what two of them share belongs in a lower layer).
+PEER_SURFACES = ("steerkit.serving", "steerkit.evaluation", "steerkit.training", "steerkit.testing")
+
+#: The serving engine's side of steerkit/serving/; every other module there is the HTTP side.
+SERVING_ENGINE_SIDE = frozenset({"steerkit.serving.engine", "steerkit.serving.requests", "steerkit.serving.validation",
+                                 "steerkit.serving.row_terms", "steerkit.serving.loading"})
+
+
+def _matches(name: str, entry: str) -> bool:
+    if entry.endswith(".*"):
+        package = entry[:-2]
+        return name == package or name.startswith(package + ".")
+    return name == entry
+
+
+def layers_of(name: str) -> list[int]:
+    return [i for i, (_, entries) in enumerate(LAYERS) if any(_matches(name, e) for e in entries)]
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def test_layer_matching():
+    assert layers_of("steerkit") == [5] and layers_of("steerkit.engine") == [1]
+    assert layers_of("steerkit.engine.core") == [4] and layers_of("steerkit.serving.routes.chat") == [6]
+    assert layers_of("steerkit.rewards") == [2] and layers_of("steerkit.rewardsx") == []
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_every_module_has_a_layer(name):
+    found = layers_of(name)
+    assert len(found) == 1, (
+        f"{name} is in {len(found)} layers ({[LAYERS[i][0] for i in found]}); put it in exactly one of LAYERS in "
+        f"tests/unit/test_architecture.py (and in docs/architecture.md's module map)")
+
+
+def test_no_module_imports_from_a_higher_layer():
+    graph = import_graph()
+    found = []
+    for name, targets in sorted(graph.items()):
+        (mine,) = layers_of(name) or (len(LAYERS),)  # an unplaced module fails test_every_module_has_a_layer
+        for target in sorted(targets):
+            (theirs,) = layers_of(target) or (-1,)
+            if theirs > mine:
+                found.append(f"{name} ({LAYERS[mine][0]}) -> {target} ({LAYERS[theirs][0]})")
+    assert not found, (
+        "imports from a higher layer (move what the lower module needs down, or hand it in from above; the layers "
+        "are LAYERS in tests/unit/test_architecture.py):\n" + "\n".join(found))
+
+
+def test_peer_surfaces_import_nothing_from_each_other():
+    graph = import_graph()
+    found = [f"{name} -> {target}" for name, targets in sorted(graph.items()) for target in sorted(targets)
+             for mine in PEER_SURFACES for theirs in PEER_SURFACES
+             if mine != theirs and _within(name, mine) and _within(target, theirs)]
+    assert not found, "one surface imports another (share it through a lower layer instead):\n" + "\n".join(found)
+
+
+def test_the_serving_engine_side_imports_nothing_from_the_http_side():
+    graph = import_graph()
+    http = {name for name in graph if name.startswith("steerkit.serving.") and name not in SERVING_ENGINE_SIDE}
+    assert SERVING_ENGINE_SIDE <= set(graph), sorted(SERVING_ENGINE_SIDE - set(graph))
+    found = [f"{name} -> {target}" for name in sorted(SERVING_ENGINE_SIDE) for target in sorted(graph[name] & http)]
+    assert not found, ("the serving engine (a library: scripts, tests and Ray Serve replicas drive it without HTTP) "
+                       "imports the HTTP side:\n" + "\n".join(found))
+
+
+def test_the_step_imports_nothing_from_steerkit():
+    graph = import_graph()
+    assert not graph["steerkit.engine.step"] and not graph["steerkit.engine.text"], (
+        graph["steerkit.engine.step"], graph["steerkit.engine.text"])
+
+
+# -- no function over 100 lines --------------------------------------------------------------------------------------
+
+MAX_FUNCTION_LINES = 100
+
+
+def long_functions(package: Path = PACKAGE, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    found = []
+    for name, path in sorted(modules(package).items()):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in sorted(ast.walk(tree), key=lambda node: getattr(node, "lineno", 0)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > limit:
+                    found.append(f"{path.relative_to(package.parent)}:{node.lineno} {node.name} ({length} lines)")
+    return found
+
+
+def test_the_function_length_check_sees_methods_and_nested_functions(tmp_path):
+    package = tmp_path / "steerkit"
+    package.mkdir()
+    body = "\n".join(f"        x{i} = {i}" for i in range(3))
+    (package / "a.py").write_text(f"class C:\n    def m(self):\n{body}\n\n\ndef f():\n    async def g():\n"
+                                  "        pass\n")
+    assert long_functions(package, limit=3) == ["steerkit/a.py:2 m (4 lines)"]
+    assert long_functions(package, limit=2) == ["steerkit/a.py:2 m (4 lines)", "steerkit/a.py:8 f (3 lines)"]
+
+
+def test_no_function_over_100_lines():
+    found = long_functions()
+    assert not found, (f"functions over {MAX_FUNCTION_LINES} lines (split each where a reader would: one step per "
+                       "helper):\n" + "\n".join(found))
+
+
+# -- docs/architecture.md and the README's layout name every module ---------------------------------------------------
+
+ROOT = PACKAGE.parent
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def spellings(name: str, path: Path) -> list[str]:
+    """How docs/architecture.md may name a module: ``engine/step.py``, ``steerkit/engine/step.py`` or
+    ``steerkit.engine.step`` (a package: its ``__init__.py`` path, or its dotted name)."""
+    relative = path.relative_to(PACKAGE).as_posix()
+    forms = [rf"(?<![\w./-])(?:steerkit/)?{re.escape(relative)}(?![\w/])"]
+    if name != "steerkit":
+        forms.append(rf"(?<![\w./-]){re.escape(name)}(?!\.?\w)")
+    return forms
+
+
+def names_module(text: str, name: str, path: Path) -> bool:
+    return any(re.search(form, text) for form in spellings(name, path))
+
+
+def test_module_spellings():
+    text = "`config.py` `evaluation/config.py` `steerkit.engine.step` `steerkit/serving/routes/__init__.py`."
+    assert names_module(text, "steerkit.config", PACKAGE / "config.py")
+    assert not names_module("`evaluation/config.py` `training/config.py`", "steerkit.config", PACKAGE / "config.py")
+    assert names_module(text, "steerkit.engine.step", PACKAGE / "engine" / "step.py")
+    assert not names_module("`steerkit.engine.step`", "steerkit.engine", PACKAGE / "engine" / "__init__.py")
+    assert names_module(text, "steerkit.serving.routes", PACKAGE / "serving" / "routes" / "__init__.py")
+    assert not names_module("`engine/__init__.py`", "steerkit", PACKAGE / "__init__.py")
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_architecture_doc_names_every_module(name):
+    path = modules()[name]
+    relative = path.relative_to(PACKAGE).as_posix()
+    assert names_module(ARCHITECTURE.read_text(encoding="utf-8"), name, path), (
+        f"docs/architecture.md does not name the module {name} (steerkit/{relative}): add `{relative}` to its "
+        "module map, under its package, with what it holds")
+
+
+def test_architecture_doc_names_no_module_that_does_not_exist():
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    gone = []
+    for match in re.finditer(r"(?<![\w./-])((?:[\w-]+/)*\w+\.py)(?![\w/])", text):
+        relative = match.group(1)
+        if not any((base / relative).is_file() for base in (ROOT, PACKAGE)):
+            gone.append(relative)
+    assert not gone, f"docs/architecture.md names files that do not exist: {sorted(set(gone))}"
+
+
+def readme_layout() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```", 2)[1]
+
+
+@pytest.mark.parametrize("entry", sorted(
+    [f"{p.name}/" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()]
+    + [p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]))
+def test_readme_layout_names_every_package_and_top_level_module(entry):
+    assert re.search(rf"(?<![\w./-]){re.escape(entry)}", readme_layout()), (
+        f"README.md's Layout block does not list steerkit/{entry}: add a line for it")
