@@ -1,11 +1,11 @@
 """A benchmark run on two revisions of steerkit side by side, in one run: before/after ratios.
 
-Checks out ``--before`` (a git revision) into a temporary worktree, then runs the chosen benchmark scripts
-alternately on it and on this checkout (before, after, after, before, ... so that a slow drift of the machine's
+Checks out ``--before`` (a git revision) into a temporary worktree, then runs this checkout's benchmark scripts
+alternately with that tree's steerkit and with this checkout's (before, after, after, before, ... so that a slow drift of the machine's
 load falls on both sides), each in a fresh process with ``PYTHONPATH`` pointing at that tree and one torch
 thread. Prints the figures each benchmark reports, the after/before ratios, and writes JSON.
 
-    python benchmarks/compare_revisions.py --before a6353d3                    # decode, token_k and serve
+    python benchmarks/compare_revisions.py --before a6353d3                    # decode, token_k, engine, serve
     python benchmarks/compare_revisions.py --before a6353d3 --bench serve --rounds 1
 
 The benchmarks run with reduced settings (fewer steps and requests than their defaults: see ``BENCHES``), so
@@ -35,6 +35,9 @@ BENCHES = {
                 lambda d: {f"{batch} {model} k={k} step ms": (v, "lower")
                            for batch, models in d["step_ms"].items() for model, ks in models.items()
                            for k, v in ks.items() if v is not None and int(k) <= 1000}),
+    "engine": ("bench_engine_step.py", ["--rows", "16", "--tokens", "24"],
+               lambda d: {"16-row engine step ms (median)": (d["step_ms_median"], "lower"),
+                          "16-row engine step ms (min)": (d["step_ms_min"], "lower")}),
     "serve": ("bench_serve.py", ["--requests", "16", "--max-tokens", "24", "--levels", "1", "16"],
               lambda d: {f"{lv['clients']} clients tokens/s": (lv["tokens_per_s"], "higher") for lv in d["levels"]}),
 }
@@ -49,7 +52,8 @@ def worktree(revision: str, into: Path) -> Path:
 def run_once(tree: Path, bench: str, out: Path) -> dict:
     script, args, _ = BENCHES[bench]
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "STEERKIT_THREADS": "1"}
-    cmd = [sys.executable, str(tree / "benchmarks" / script), *args, "--out", str(out)]
+    # this checkout's benchmark scripts on both trees (they use only public APIs both revisions have)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args, "--out", str(out)]
     proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"{bench} failed on {tree}:\n{proc.stderr[-3000:]}")
@@ -80,7 +84,7 @@ def compare(bench: str, trees: dict[str, Path], rounds: int, scratch: Path) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", required=True, help="git revision to compare against (e.g. a6353d3)")
-    parser.add_argument("--bench", nargs="+", choices=sorted(BENCHES), default=["decode", "token_k", "serve"])
+    parser.add_argument("--bench", nargs="+", choices=sorted(BENCHES), default=["decode", "token_k", "engine", "serve"])
     parser.add_argument("--rounds", type=int, default=2, help="before/after pairs per benchmark (order alternates)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "compare_revisions.json")
     args = parser.parse_args()

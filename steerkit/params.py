@@ -154,6 +154,13 @@ def parse_rewards(value, *, strings: bool = False) -> list | None:
     return entries
 
 
+def make_term(reward, beta, name: str = "", transform: str = "none",
+              clamp: tuple[float, float] = (0.0, 1.0)) -> SteeringTerm:
+    """A steering term of a loaded reward: β (a number or a schedule), the named transform, the term's name
+    (empty: the reward's own)."""
+    return SteeringTerm(reward, beta, make_transform(transform, clamp), name=name)
+
+
 def resolve_terms(entries, load: Loader) -> list[SteeringTerm]:
     """The steering terms of parsed ``entries`` (see :func:`parse_rewards`), rewards found by ``load``;
     checked like any steerkit terms: distinct names, Σ|β| within float32."""
@@ -165,7 +172,7 @@ def resolve_terms(entries, load: Loader) -> list[SteeringTerm]:
             terms.append(entry)
         elif isinstance(entry, tuple):
             reward = entry[0] if not isinstance(entry[0], str) else load(entry[0], None)
-            terms.append(SteeringTerm(reward, entry[1], name=entry[0] if isinstance(entry[0], str) else ""))
+            terms.append(make_term(reward, entry[1], entry[0] if isinstance(entry[0], str) else ""))
         else:
             context = entry.context if "context" in entry.model_fields_set else None
             try:
@@ -175,8 +182,7 @@ def resolve_terms(entries, load: Loader) -> list[SteeringTerm]:
                     exc.path = entry._param
                 raise
             schedule = BetaSchedule(entry.beta, entry.schedule, entry.beta_start, entry.ramp_steps)
-            terms.append(SteeringTerm(reward, schedule, make_transform(entry.transform, entry.clamp),
-                                      name=entry.label or entry.name))
+            terms.append(make_term(reward, schedule, entry.label or entry.name, entry.transform, entry.clamp))
     return check_terms(terms)
 
 

@@ -8,14 +8,13 @@ The validators every surface shares live in :mod:`steerkit.validators`.
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
 import torch
 
-from .errors import InvalidArgumentError, NonFiniteRewardError, SteerkitError, SteerkitWarning
+from .errors import InvalidArgumentError, SteerkitWarning
 from .rewards.base import Reward, RewardSession
 from .validators import MAX_ABS_BETA, validate_beta, validate_int
 
@@ -193,7 +192,7 @@ def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: 
     :class:`~steerkit.errors.NonFiniteRewardError` when a reward is NaN/±inf (also for a term with β = 0,
     whose rewards still go into traces) or when β·ρ overflows float32.
     """
-    from .engine.step import score_step
+    from .engine.step import raise_non_finite, score_step
 
     plan = uniform_plan(k, terms, logits.shape[0])
     keyed = {id(t.reward): s for t, s in zip(terms, sessions)}
@@ -202,31 +201,6 @@ def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: 
     if not bool(out.ok.all()):
         raise_non_finite(out.topk_ids, out.topk_logits, rewards, terms, step)
     return StepResult(out.scores, out.topk_ids, out.topk_logits, rewards, out.combined)
-
-
-def raise_non_finite(topk_ids, topk_logits, rewards, terms, step) -> None:
-    """The slow path of a step's ``ok`` check: find which term (or the LM) is to blame."""
-    where = f"at decoding step {step} (counting from 0)"
-    for term in terms:
-        rho = rewards[term.name]
-        bad = ~torch.isfinite(rho)
-        if bad.any():
-            row, col = (int(i) for i in bad.nonzero()[0])
-            raise NonFiniteRewardError(
-                f"Reward {term.name!r} returned {float(rho[row, col])} {where} for row {row}, candidate token id "
-                f"{int(topk_ids[row, col])} ({int(bad.sum())} of {bad.numel()} candidates non-finite). The reward "
-                "model is broken (e.g. NaN weights) or not a probability; check it with `steerkit score`.")
-    for term in terms:
-        beta = term.weight(step)
-        if beta and not torch.isfinite(beta * rewards[term.name]).all():
-            raise NonFiniteRewardError(
-                f"beta * reward of {term.name!r} (beta={beta:g}) overflowed float32 {where}: the reward returned "
-                f"values up to {float(rewards[term.name].abs().max()):g}, far outside [0, 1].")
-    if not (topk_logits < math.inf).all():
-        raise SteerkitError(f"The language model's next-token logits are NaN or +inf {where}; the LM's weights "
-                            "or its dtype are broken (try float32).")
-    raise NonFiniteRewardError(f"The steered scores z + sum(beta * reward) overflowed float32 {where}; lower "
-                               "the betas or use rewards in [0, 1].")
 
 
 class _Shape:

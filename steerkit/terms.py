@@ -4,8 +4,9 @@ becomes a :class:`~steerkit.steering.SteeringTerm`.
 :func:`build_term` builds one term: it loads a reference through
 :func:`steerkit.rewards.loading.load_reward` (or takes a ready :class:`~steerkit.rewards.base.Reward`), and
 applies the β schedule, the transform and the label that names the term in traces and outputs.
-:func:`term_from_spec` / :func:`terms_from_specs` read a config's ``RewardSpec`` (``SteeringConfig``,
-``steerkit eval`` settings); :func:`build_terms` reads ``generate(rewards=...)``'s mapping / pairs / terms.
+:func:`terms_from_specs` reads a config's ``RewardSpec`` list (``SteeringConfig``, ``steerkit eval``
+settings) and :func:`build_terms` ``generate(rewards=...)``'s mapping / pairs / terms, both through the one
+rewards parser (:mod:`steerkit.params`); :func:`reference_loader` finds a reference in the registry or on disk.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .rewards.backends import DEFAULT_BACKEND
-from .steering import BetaSchedule, SteeringTerm, make_transform
+from .steering import SteeringTerm
 from .validators import check_unicode
 
 #: ``load(reference, backend=..., context=...) -> Reward``; :func:`~steerkit.rewards.loading.load_reward` by default.
@@ -30,26 +31,23 @@ def build_term(reward, beta, *, label: str | None = None, transform: str = "none
     :class:`~steerkit.steering.BetaSchedule`. The term is named ``label``, else the reference, else the
     reward's own name: two terms of one reward need distinct labels.
     """
+    from .params import make_term
+
     if isinstance(reward, str):
-        if load is None:
-            from .rewards.loading import load_reward as load
         name = label or reward
-        reward = load(reward, backend=backend, context=context)
+        reward = reference_loader(backend, load)(reward, context)
     else:
         name = label or ""
-    return SteeringTerm(reward, beta, make_transform(transform, clamp), name=name)
-
-
-def term_from_spec(spec, *, backend: str = DEFAULT_BACKEND, load: Loader | None = None) -> SteeringTerm:
-    """The term of a :class:`~steerkit.config.RewardSpec` (name, label, β and its schedule, transform, context)."""
-    schedule = BetaSchedule(spec.beta, spec.schedule, spec.beta_start, spec.ramp_steps)
-    return build_term(spec.name, schedule, label=spec.label, transform=spec.transform, clamp=spec.clamp,
-                      context=spec.context, backend=backend, load=load)
+    return make_term(reward, beta, name, transform, clamp)
 
 
 def terms_from_specs(specs: Sequence, *, backend: str = DEFAULT_BACKEND,
                      load: Loader | None = None) -> list[SteeringTerm]:
-    return [term_from_spec(spec, backend=backend, load=load) for spec in specs]
+    """The terms of a config's :class:`~steerkit.params.RewardSpec` list (name, label, β and its schedule,
+    transform, context), through the one rewards parser."""
+    from .params import resolve_terms
+
+    return resolve_terms(list(specs), reference_loader(backend, load))
 
 
 def build_terms(rewards, *, backend: str = DEFAULT_BACKEND) -> list[SteeringTerm]:
@@ -67,7 +65,7 @@ def reference_loader(backend: str = DEFAULT_BACKEND, load: Loader | None = None)
     if load is None:
         from .rewards.loading import load_reward as load
 
-    def loader(reference: str, context: str | None):
+    def loader(reference: str, context: str | None = None):
         check_unicode(reference, "Reward reference")
         return load(reference, backend=backend, context=context or "continuation")
 

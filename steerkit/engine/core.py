@@ -20,11 +20,10 @@ from typing import Sequence
 
 import torch
 
-from ..steering import raise_non_finite
 from .lm_cache import LMBatch
 from .reward_groups import RewardGroup
 from .rows import Row
-from .step import BatchPlan, StepOutput, make_plan, rad_step
+from .step import BatchPlan, StepOutput, make_plan, rad_step, raise_non_finite
 
 
 @dataclass

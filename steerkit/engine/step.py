@@ -27,6 +27,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..errors import NonFiniteRewardError, SteerkitError
+
 #: ``(row index tensor or None for all rows, reward key, transform)``: one group of a slot.
 SlotGroup = tuple
 
@@ -167,15 +169,16 @@ def sample(scores: torch.Tensor, temperatures: Sequence[float], generators: list
     if all(greedy):
         return scores.argmax(-1)
     probs = torch.softmax(_scale(scores, temperatures), dim=-1)
+    noise = torch.empty_like(probs)
     if generators is None:
-        noise = torch.empty_like(probs).exponential_(1)
-    else:
-        noise = torch.ones_like(probs)
+        noise.exponential_(1)
+    else:  # a row of the noise is drawn in place: the same numbers as a fresh [1, V] tensor (tested)
         for b, g in enumerate(generators):
-            if not greedy[b]:
-                noise[b:b + 1] = torch.empty((1, probs.shape[1]), dtype=probs.dtype,
-                                             device=probs.device).exponential_(1, generator=g)
-    tokens = (probs / noise).argmax(-1)
+            if greedy[b]:
+                noise[b].fill_(1.0)
+            else:
+                noise[b].exponential_(1, generator=g)
+    tokens = probs.div_(noise).argmax(-1)
     if any(greedy):
         mask = torch.tensor(greedy, device=scores.device)
         tokens = torch.where(mask, scores.argmax(-1), tokens)
@@ -184,6 +187,8 @@ def sample(scores: torch.Tensor, temperatures: Sequence[float], generators: list
 
 def _scale(scores: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
     values = {t for t in temperatures if t != 0}
+    if values == {1.0}:
+        return scores  # x / 1.0 == x exactly: one pass over [B, V] saved
     if len(values) == 1 and len(values) == len(set(temperatures)):
         return scores / next(iter(values))
     scaled = scores.clone()
@@ -216,3 +221,28 @@ def rad_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Tenso
     out = score_step(logits, plan, score, steps)
     out.tokens = sample(out.scores, plan.temperatures, plan.generators)
     return out
+
+
+def raise_non_finite(topk_ids, topk_logits, rewards, terms, step) -> None:
+    """The slow path of a step's ``ok`` check: find which term (or the LM) is to blame."""
+    where = f"at decoding step {step} (counting from 0)"
+    for term in terms:
+        rho = rewards[term.name]
+        bad = ~torch.isfinite(rho)
+        if bad.any():
+            row, col = (int(i) for i in bad.nonzero()[0])
+            raise NonFiniteRewardError(
+                f"Reward {term.name!r} returned {float(rho[row, col])} {where} for row {row}, candidate token id "
+                f"{int(topk_ids[row, col])} ({int(bad.sum())} of {bad.numel()} candidates non-finite). The reward "
+                "model is broken (e.g. NaN weights) or not a probability; check it with `steerkit score`.")
+    for term in terms:
+        beta = term.weight(step)
+        if beta and not torch.isfinite(beta * rewards[term.name]).all():
+            raise NonFiniteRewardError(
+                f"beta * reward of {term.name!r} (beta={beta:g}) overflowed float32 {where}: the reward returned "
+                f"values up to {float(rewards[term.name].abs().max()):g}, far outside [0, 1].")
+    if not (topk_logits < math.inf).all():
+        raise SteerkitError(f"The language model's next-token logits are NaN or +inf {where}; the LM's weights "
+                            "or its dtype are broken (try float32).")
+    raise NonFiniteRewardError(f"The steered scores z + sum(beta * reward) overflowed float32 {where}; lower "
+                               "the betas or use rewards in [0, 1].")

@@ -1,0 +1,78 @@
+"""The serving engine's decode step at a full batch, without HTTP: SmolLM2-135M-Instruct, the shipped ``toxicity``
+reward, k = 20, 1 torch thread.
+
+``rows`` seeded rows (different seeds and β, temperature 1) are submitted together to an engine that runs them
+all at once; the engine's observer records every step's time while all rows are running (admission excluded).
+Prints the median and the minimum step time and writes JSON. ``benchmarks/compare_revisions.py --bench
+engine`` runs it on two revisions side by side (it uses only the engine's public contract: ``Engine``,
+``RowSpec``, ``observer.on_step``).
+
+    python benchmarks/bench_engine_step.py --rows 16 --tokens 24
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+from pathlib import Path
+
+import torch
+
+
+class StepTimes:
+    def __init__(self, rows: int):
+        self.rows, self.seconds = rows, []
+
+    def on_step(self, seconds: float, running: int, queued: int) -> None:
+        if running == self.rows:
+            self.seconds.append(seconds)
+
+    def on_reward(self, name: str, seconds: float) -> None:
+        pass
+
+    def on_tokens(self, count: int) -> None:
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_engine_step.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from steerkit.models import load_causal_lm_cached
+    from steerkit.rewards.loading import load_reward
+    from steerkit.serving.engine import Engine
+    from steerkit.serving.requests import RowSpec
+
+    lm, tokenizer, _ = load_causal_lm_cached("smollm2-135m-instruct")
+    times = StepTimes(args.rows)
+    engine = Engine(lm, tokenizer, {"toxicity": load_reward("toxicity")}, default_k=args.k, max_running=args.rows,
+                    max_queue=args.rows, observer=times)
+    prompts = ["The weather today is", "My favourite food is", "Tell me about the sea.", "The city at night"]
+    specs = [RowSpec(prompts[i % len(prompts)], args.tokens, temperature=1.0, k=args.k,
+                     rewards={"toxicity": -5.0 - i % 3}, seed=1000 + i) for i in range(args.rows)]
+    engine.start()
+    try:
+        handles = engine.submit_all(specs)
+        tokens = sum(len(h.result(timeout=1800).token_ids) for h in handles)
+    finally:
+        engine.shutdown(0)
+    steps = times.seconds
+    result = {"benchmark": "bench_engine_step", "rows": args.rows, "tokens_per_row": args.tokens, "k": args.k,
+              "tokens": tokens, "steps_timed": len(steps), "step_ms_median": 1000 * statistics.median(steps),
+              "step_ms_min": 1000 * min(steps), "torch_threads": 1,
+              "machine": platform.processor() or platform.machine(), "load_average": os.getloadavg()}
+    print(f"{args.rows} rows: step {result['step_ms_median']:.1f} ms median, {result['step_ms_min']:.1f} ms min "
+          f"over {len(steps)} steps")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
