@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 
 from steerkit.models import load_causal_lm_cached
-from steerkit.rewards.bridge import BridgedSession
+from steerkit.rewards.sequence.bridge import BridgedSession
 from steerkit.rewards.model import RewardModel
-from steerkit.rewards.scorer import RewardModelScorer
-from steerkit.rewards.sessions import SameTokenizerSession
+from steerkit.rewards.sequence.scorer import RewardModelScorer
+from steerkit.rewards.sequence.sessions import SameTokenizerSession
 
 PASSAGES = [
     "The weather in Paris today is mild and grey, with a light wind from the west and a chance of rain "

@@ -30,8 +30,8 @@ import torch
 from steerkit.decoding import RewardAugmentedGenerator
 from steerkit.models import load_causal_lm_cached
 from steerkit.rewards.model import RewardModel
-from steerkit.rewards.sessions import SameTokenizerSession
-from steerkit.rewards.torch_cache import TorchScoringCache
+from steerkit.rewards.sequence.sessions import SameTokenizerSession
+from steerkit.rewards.sequence.torch_cache import TorchScoringCache
 from steerkit.steering import SteeringTerm
 
 PROMPTS = [

@@ -28,7 +28,7 @@ import torch
 from steerkit.decoding import RewardAugmentedGenerator
 from steerkit.models import DEFAULT_LM, load_causal_lm_cached
 from steerkit.rewards.model import RewardModel
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.steering import SteeringTerm
 
 PROMPTS = ["The weather in Paris today is", "My neighbour told me that the new restaurant",

@@ -152,7 +152,7 @@ def main():
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_engine.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from steerkit.rewards.scorer import RewardModelScorer
+    from steerkit.rewards.sequence.scorer import RewardModelScorer
     from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward
 
     payload = {"machine": {"platform": platform.platform(), "torch": torch.__version__, "threads": args.threads,

@@ -57,8 +57,8 @@ def reward_dir(args) -> tuple[Path, str]:
 
 
 def bench_steps(torch_model, onnx_model, batch: int, k: int, steps: int, warmup: int) -> dict:
-    from steerkit.rewards.onnx_backend import OnnxScoringCache
-    from steerkit.rewards.torch_cache import TorchScoringCache
+    from steerkit.rewards.onnx.backend import OnnxScoringCache
+    from steerkit.rewards.sequence.torch_cache import TorchScoringCache
 
     enc = torch_model.encode([PROMPT] * batch)
     caches = {"torch": TorchScoringCache(torch_model, enc["input_ids"], enc["attention_mask"]),
@@ -129,8 +129,8 @@ def main() -> None:
     import steerkit
     from steerkit.models import load_causal_lm_cached
     from steerkit.rewards.model import RewardModel
-    from steerkit.rewards.onnx_backend import OnnxRewardModel
-    from steerkit.rewards.onnx_export import cache_entry, reward_dir_hash
+    from steerkit.rewards.onnx.backend import OnnxRewardModel
+    from steerkit.rewards.onnx.export import cache_entry, reward_dir_hash
 
     load_before = uptime()
     directory, what = reward_dir(args)

@@ -28,8 +28,8 @@ import torch
 from steerkit.decoding import RewardAugmentedGenerator
 from steerkit.models import load_causal_lm_cached
 from steerkit.rewards.loading import load_reward
-from steerkit.rewards.token_model import TokenRewardModel
-from steerkit.rewards.token_session import TokenReward
+from steerkit.rewards.token.model import TokenRewardModel
+from steerkit.rewards.token.session import TokenReward
 from steerkit.steering import SteeringTerm
 
 PROMPTS = ["The weather in Paris today is", "My neighbour told me that the new restaurant",

@@ -16,7 +16,7 @@ from .models import load_causal_lm, load_tokenizer, resolve
 from .registry import hookimpl
 from .rewards.loading import load_reward
 from .rewards.model import RewardModel
-from .rewards.scorer import RewardModelScorer
+from .rewards.sequence.scorer import RewardModelScorer
 from .steering import BetaSchedule, SteeringTerm
 
 __version__ = "0.1.0"

@@ -118,7 +118,7 @@ class RewardAugmentedGenerator:
     ```python
     >>> import torch
     >>> from steerkit import RewardAugmentedGenerator, SteeringTerm
-    >>> from steerkit.rewards.scorer import RewardModelScorer
+    >>> from steerkit.rewards.sequence.scorer import RewardModelScorer
     >>> from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward
     >>> tokenizer = make_tokenizer()
     >>> reward = RewardModelScorer(tiny_reward(tokenizer))

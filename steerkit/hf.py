@@ -55,7 +55,7 @@ class RewardAugmentedLogitsProcessor(LogitsProcessor):
     ```python
     >>> import torch
     >>> from steerkit import RewardAugmentedLogitsProcessor, SteeringTerm
-    >>> from steerkit.rewards.scorer import RewardModelScorer
+    >>> from steerkit.rewards.sequence.scorer import RewardModelScorer
     >>> from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward
     >>> tokenizer = make_tokenizer()
     >>> model, reward = tiny_lm(tokenizer), RewardModelScorer(tiny_reward(tokenizer))

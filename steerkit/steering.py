@@ -80,7 +80,7 @@ class SteeringTerm:
     ```python
     >>> import torch
     >>> from steerkit import BetaSchedule, SteeringTerm
-    >>> from steerkit.rewards.scorer import RewardModelScorer
+    >>> from steerkit.rewards.sequence.scorer import RewardModelScorer
     >>> from steerkit.steering import make_transform, reweight
     >>> from steerkit.testing import make_tokenizer, tiny_reward
     >>> tokenizer = make_tokenizer()

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.testing import make_tokenizer, save_tiny_lm, tiny_lm, tiny_reward
 
 CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"

@@ -18,7 +18,7 @@ from serve_support import (  # noqa: E402
     ServerThread, failing_reward, slow_reward, tiny_engine, tiny_parts, wait_until,
 )
 
-from steerkit.rewards.scorer import RewardModelScorer  # noqa: E402
+from steerkit.rewards.sequence.scorer import RewardModelScorer  # noqa: E402
 from steerkit.serving.app import ServerSettings, create_app  # noqa: E402
 from steerkit.serving.metrics import ServerMetrics  # noqa: E402
 

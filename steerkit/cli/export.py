@@ -28,7 +28,7 @@ def export_onnx_command(
     """
     from ..errors import ExportError
     from ..rewards.kinds import kind_of_reference
-    from ..rewards.onnx_manifest import MANIFEST_NAME, verify_export
+    from ..rewards.onnx.manifest import MANIFEST_NAME, verify_export
 
     if out.is_dir() and any(out.iterdir()) and not force:  # fail before loading the model
         raise ExportError(f"{out} exists and is not empty; pass --force or choose another --out.")
@@ -51,7 +51,7 @@ def export_onnx_command(
 @export_app.command("verify")
 def verify_command(directory: Path = typer.Argument(..., help="An ONNX export directory.")):
     """Check an export's files against its manifest (hashes, tokenizer)."""
-    from ..rewards.onnx_manifest import verify_export
+    from ..rewards.onnx.manifest import verify_export
 
     manifest, config, _ = verify_export(directory)
     typer.echo(f"ok: {config.name!r}, {manifest['num_layers']} layers, source {manifest['source']['reward_hash'][:16]}…")

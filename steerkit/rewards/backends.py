@@ -52,7 +52,7 @@ class RewardBackend(ABC):
 
     #: ``load_token(directory)``: the model of a token-level reward-model directory (kind: token, see
     #: :mod:`steerkit.rewards.kinds`), or of this backend's export of one, with the runner interface that
-    #: :class:`~steerkit.rewards.token_session.TokenSession` drives. None: this backend runs no token-level models.
+    #: :class:`~steerkit.rewards.token.session.TokenSession` drives. None: this backend runs no token-level models.
     #: (Each kind names the backend method that loads it; :func:`backends_with` lists the backends that have it.)
     load_token = None
 

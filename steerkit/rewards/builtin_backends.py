@@ -24,12 +24,12 @@ class TorchBackend(RewardBackend):
         return _from_pretrained(RewardModel, directory)
 
     def load_token(self, directory: Path):
-        from .token_model import TokenRewardModel
+        from .token.model import TokenRewardModel
 
         return _from_pretrained(TokenRewardModel, directory)
 
     def new_cache(self, model, input_ids, attention_mask):
-        from .torch_cache import TorchScoringCache
+        from .sequence.torch_cache import TorchScoringCache
 
         return TorchScoringCache(model, input_ids, attention_mask)
 
@@ -47,17 +47,17 @@ class OnnxBackend(RewardBackend):
     name = "onnx"
 
     def load(self, directory: Path):
-        from .onnx_backend import OnnxRewardModel
+        from .onnx.backend import OnnxRewardModel
 
         return OnnxRewardModel.load(directory)
 
     def new_cache(self, model, input_ids, attention_mask):
-        from .onnx_backend import OnnxScoringCache
+        from .onnx.backend import OnnxScoringCache
 
         return OnnxScoringCache.for_model(model, input_ids, attention_mask)
 
     def load_token(self, directory: Path):
-        from .token_onnx import OnnxTokenModel
+        from .onnx.token import OnnxTokenModel
 
         return OnnxTokenModel.load(directory)
 
@@ -65,7 +65,7 @@ class OnnxBackend(RewardBackend):
 def _from_pretrained(model_class, directory: Path):
     """``model_class.from_pretrained(directory)``, refusing an ONNX export with the backend to use instead."""
     from ..errors import ExportError
-    from .onnx_manifest import is_export_dir
+    from .onnx.manifest import is_export_dir
 
     if is_export_dir(directory):
         raise ExportError(f"{directory} is an ONNX export: use backend 'onnx' (--backend onnx), or pass "

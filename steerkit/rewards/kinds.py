@@ -34,7 +34,7 @@ from typing import Any, Callable
 from ..errors import ExportError, InvalidArgumentError, RewardModelFormatError
 from .backends import DEFAULT_BACKEND, backend_names, backends_with, check_backend, get_backend
 from .model_config import CONFIG_NAME
-from .onnx_manifest import MANIFEST_NAME
+from .onnx.manifest import MANIFEST_NAME
 
 #: The kind of a directory whose config states none (every directory written before kinds existed).
 DEFAULT_KIND = "sequence"
@@ -147,7 +147,7 @@ class RewardKind:
         return _resolve(self.export_source)(reference)
 
     def export(self, model, out_dir, **options) -> Path:
-        """Export ``model`` to ONNX in ``out_dir`` (see :func:`~steerkit.rewards.onnx_export.export_onnx`)."""
+        """Export ``model`` to ONNX in ``out_dir`` (see :func:`~steerkit.rewards.onnx.export.export_onnx`)."""
         if self.exporter is None:
             raise ExportError(f"{self.label} reward models (kind: {self.name}) cannot be exported.")
         return _resolve(self.exporter)(model, out_dir, **options)
@@ -277,12 +277,12 @@ def _token_card_method(config, method: str) -> str:
 
 SEQUENCE = register_kind(RewardKind(
     "sequence", "sequence-level", model="steerkit.rewards.model:RewardModel",
-    reward="steerkit.rewards.scorer:RewardModelScorer", backend_method="load",
-    exporter="steerkit.rewards.onnx_export:export_onnx", export_source="steerkit.rewards.onnx_export:export_source"))
+    reward="steerkit.rewards.sequence.scorer:RewardModelScorer", backend_method="load",
+    exporter="steerkit.rewards.onnx.export:export_onnx", export_source="steerkit.rewards.onnx.export:export_source"))
 
 TOKEN = register_kind(RewardKind(
-    "token", "token-level", model="steerkit.rewards.token_model:TokenRewardModel",
-    reward="steerkit.rewards.token_session:TokenReward", backend_method="load_token",
-    exporter="steerkit.rewards.token_onnx:export_token_onnx",
-    export_source="steerkit.rewards.token_onnx:token_export_source",
+    "token", "token-level", model="steerkit.rewards.token.model:TokenRewardModel",
+    reward="steerkit.rewards.token.session:TokenReward", backend_method="load_token",
+    exporter="steerkit.rewards.onnx.token:export_token_onnx",
+    export_source="steerkit.rewards.onnx.token:token_export_source",
     train_options=_token_options, card_method=_token_card_method, summary="token-level head"))

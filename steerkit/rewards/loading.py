@@ -18,7 +18,7 @@ from .backends import DEFAULT_BACKEND, check_backend
 from .base import Reward
 from .kinds import kind_of
 from .model import CONFIG_NAME
-from .onnx_manifest import MANIFEST_NAME
+from .onnx.manifest import MANIFEST_NAME
 
 CONTEXTS = ("continuation", "full")
 

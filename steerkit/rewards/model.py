@@ -97,7 +97,7 @@ class RewardModel(nn.Module):
     ```
     """
 
-    #: the ``kind`` of the configs this class loads ("token": :class:`~steerkit.rewards.token_model.TokenRewardModel`)
+    #: the ``kind`` of the configs this class loads ("token": :class:`~steerkit.rewards.token.model.TokenRewardModel`)
     kind = "sequence"
 
     def __init__(self, backbone: nn.Module, config: RewardModelConfig, tokenizer=None):
@@ -250,7 +250,7 @@ class RewardModel(nn.Module):
         if config.kind != cls.kind:
             raise RewardModelFormatError(
                 f"{directory} is a {config.kind}-level reward model, not a {cls.kind}-level one: load it with "
-                "steerkit.load_reward(directory)" + (" or steerkit.rewards.token_model.TokenRewardModel"
+                "steerkit.load_reward(directory)" + (" or steerkit.rewards.token.model.TokenRewardModel"
                                                       ".from_pretrained" if config.kind == "token" else "") + ".")
         required = [HEAD_NAME] + ({"lora": [ADAPTER_NAME], "full": [BACKBONE_NAME]}.get(config.method, []))
         missing = [f for f in required if not (directory / f).is_file()]

@@ -25,7 +25,7 @@ class LoraSettings(BaseModel):
 
 
 class TokenHeadSettings(BaseModel):
-    """The head of a token-level reward model (``kind: token``, :mod:`steerkit.rewards.token_model`)."""
+    """The head of a token-level reward model (``kind: token``, :mod:`steerkit.rewards.token.model`)."""
 
     model_config = ConfigDict(extra="forbid")
     #: None: W is d×d (as in rad-q's ``linear_with_baseline``); an int r: W = U·V with U d×r, V r×d
@@ -57,7 +57,7 @@ class RewardModelConfig(BaseModel):
     max_length: int = 512
     output_function: Literal["sigmoid", "clamp"] = "sigmoid"  # rho = sigmoid(head(h)) or clamp(head(h), 0, 1)
     #: "sequence": a scalar head read after each candidate (this module); "token": a head that scores every
-    #: next token from the prefix alone (:mod:`steerkit.rewards.token_model`, ``token_head`` its settings)
+    #: next token from the prefix alone (:mod:`steerkit.rewards.token.model`, ``token_head`` its settings)
     kind: Literal["sequence", "token"] = "sequence"
     token_head: TokenHeadSettings | None = None
 

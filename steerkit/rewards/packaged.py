@@ -29,7 +29,7 @@ def reward_model_factory(directory: str | os.PathLike, *, name: str, package: st
 
     The directory is checked when the reward is used, not at registration: if its files are missing the
     factory raises :class:`~steerkit.errors.PluginError` saying so. The model is loaded once per process and
-    backend; each call wraps it in a fresh reward of its kind (a :class:`~steerkit.rewards.scorer.RewardModelScorer`
+    backend; each call wraps it in a fresh reward of its kind (a :class:`~steerkit.rewards.sequence.scorer.RewardModelScorer`
     for a sequence reward model). The factory's
     ``directory`` attribute is the directory (``steerkit export onnx NAME`` hashes its files).
     """

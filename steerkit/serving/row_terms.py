@@ -41,7 +41,7 @@ class RewardLookup:
             return reward
         key = (name, context)
         if key not in self._siblings:
-            from ..rewards.scorer import RewardModelScorer
+            from ..rewards.sequence.scorer import RewardModelScorer
 
             if not isinstance(reward, RewardModelScorer):
                 raise InvalidArgumentError(f"Reward {name!r} scores context {have!r} here; it cannot be asked for "

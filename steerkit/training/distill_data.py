@@ -30,7 +30,7 @@ import torch
 
 from ..errors import ConfigError, VocabularyMismatchError
 from ..files import atomic_write_text
-from ..rewards.token_model import keep_text_reward, realized_logits
+from ..rewards.token.model import keep_text_reward, realized_logits
 from ..rewards.vocab import same_vocabulary
 from ..seeds import mixed_seed
 

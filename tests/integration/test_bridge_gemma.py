@@ -42,8 +42,8 @@ def smol_rm(tmp_path_factory):
 
 
 def test_gemma_lm_smollm2_rm_rewards_equal_scoring_from_scratch(gemma, smol_rm):
-    from steerkit.rewards.bridge import BridgedSession
-    from steerkit.rewards.scorer import RewardModelScorer
+    from steerkit.rewards.sequence.bridge import BridgedSession
+    from steerkit.rewards.sequence.scorer import RewardModelScorer
 
     _, tok = gemma
     rm, _ = smol_rm
@@ -77,7 +77,7 @@ def test_gemma_lm_smollm2_rm_rewards_equal_scoring_from_scratch(gemma, smol_rm):
 
 def test_generate_gemma_with_smollm2_reward_traces_exact_rewards(gemma, smol_rm):
     from steerkit.decoding import RewardAugmentedGenerator
-    from steerkit.rewards.scorer import RewardModelScorer
+    from steerkit.rewards.sequence.scorer import RewardModelScorer
     from steerkit.steering import SteeringTerm
 
     model, tok = gemma
@@ -133,9 +133,9 @@ def test_reverse_direction_smollm2_lm_gemma_rm():
     from pathlib import Path
 
     from steerkit.models import load_tokenizer
-    from steerkit.rewards.bridge import BridgedSession
+    from steerkit.rewards.sequence.bridge import BridgedSession
     from steerkit.rewards.model import RewardModel
-    from steerkit.rewards.scorer import RewardModelScorer
+    from steerkit.rewards.sequence.scorer import RewardModelScorer
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
     from test_bridge import drive

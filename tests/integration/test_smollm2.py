@@ -35,7 +35,7 @@ def smol_reward(tmp_path_factory):
 
 def test_cached_scoring_on_real_model(smollm2, smol_reward):
     from steerkit.decoding import RewardAugmentedGenerator
-    from steerkit.rewards.scorer import RewardModelScorer
+    from steerkit.rewards.sequence.scorer import RewardModelScorer
     from steerkit.steering import SteeringTerm
 
     model, tokenizer = smollm2

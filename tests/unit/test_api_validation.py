@@ -11,7 +11,7 @@ import torch
 import steerkit
 from steerkit.decoding import RewardAugmentedGenerator, build_terms, sample_token
 from steerkit.hf import RewardAugmentedLogitsProcessor
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.steering import LARGE_K, MAX_ABS_BETA, BetaSchedule, SteeringTerm, SteerkitWarning
 
 PROMPTS = ["The quick", "You are a wonderful friend and I"]

@@ -22,7 +22,7 @@ from steerkit.decoding import RewardAugmentedGenerator
 from steerkit.errors import RewardModelFormatError
 from steerkit.rewards.backbones import find_blocks
 from steerkit.rewards.model import RewardModel
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.steering import SteeringTerm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,8 +245,8 @@ def test_steerkit_train_on_a_gpt2_backbone(gpt2_dir, tmp_path):
 def test_output_function_exported_to_onnx_with_parity(function, family, tokenizer, tmp_path):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    from steerkit.rewards.onnx_backend import OnnxRewardModel
-    from steerkit.rewards.onnx_export import MANIFEST_NAME, export_onnx
+    from steerkit.rewards.onnx.backend import OnnxRewardModel
+    from steerkit.rewards.onnx.export import MANIFEST_NAME, export_onnx
 
     rm = family_reward(family, tokenizer)
     rm.config = rm.config.model_copy(update={"output_function": function})

@@ -8,9 +8,9 @@ import torch
 
 from tiny import make_tokenizer, tiny_lm, tiny_reward
 
-from steerkit.rewards.bridge import BridgedSession
-from steerkit.rewards.scorer import RewardModelScorer
-from steerkit.rewards.sessions import SameTokenizerSession
+from steerkit.rewards.sequence.bridge import BridgedSession
+from steerkit.rewards.sequence.scorer import RewardModelScorer
+from steerkit.rewards.sequence.sessions import SameTokenizerSession
 
 # multi-byte characters (accents, emoji, CJK and € outside the tiny vocabularies: byte tokens), leading and
 # repeated spaces, tabs, newlines, digits; rows of different lengths so that one row finishes early
@@ -149,7 +149,7 @@ def test_hf_logits_processor_with_a_bridged_reward(families):
 
 def test_bridging_on_the_onnx_backend(families):
     pytest.importorskip("onnxruntime")
-    from steerkit.rewards.onnx_backend import OnnxScoringCache
+    from steerkit.rewards.onnx.backend import OnnxScoringCache
 
     rm = tiny_reward(families["bpe"], seed=8)
     session = RewardModelScorer(rm, backend="onnx").start(["", ""], families["metaspace"])

@@ -3,8 +3,8 @@
 import torch
 
 from steerkit.decoding import RewardAugmentedGenerator
-from steerkit.rewards.scorer import RewardModelScorer
-from steerkit.rewards.torch_cache import TorchScoringCache
+from steerkit.rewards.sequence.scorer import RewardModelScorer
+from steerkit.rewards.sequence.torch_cache import TorchScoringCache
 from steerkit.steering import SteeringTerm
 
 PROMPTS = ["The quick", "You are a wonderful friend and I", "Numbers 0123"]

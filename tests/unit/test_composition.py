@@ -14,7 +14,7 @@ from tiny import make_tokenizer, tiny_lm, tiny_reward
 from steerkit.decoding import RewardAugmentedGenerator
 from steerkit.errors import InvalidArgumentError
 from steerkit.hf import RewardAugmentedLogitsProcessor
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.steering import BetaSchedule, SteeringTerm, make_transform
 
 K = 6

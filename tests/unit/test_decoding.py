@@ -6,7 +6,7 @@ import torch
 import steerkit
 from steerkit.decoding import RewardAugmentedGenerator
 from steerkit.hf import RewardAugmentedLogitsProcessor
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.steering import SteeringTerm
 
 PROMPTS = ["The quick", "You are a wonderful friend and I"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from steerkit import RewardAugmentedGenerator, RewardAugmentedLogitsProcessor, SteeringTerm
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.serving.engine import Engine
 from steerkit.serving.requests import RowSpec
 from steerkit.steering import BetaSchedule, make_transform

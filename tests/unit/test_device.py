@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from steerkit.decoding import RewardAugmentedGenerator
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.steering import SteeringTerm
 from tiny import make_tokenizer, tiny_lm, tiny_reward
 

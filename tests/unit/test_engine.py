@@ -9,7 +9,7 @@ import pytest
 
 import steerkit
 from steerkit.errors import InvalidArgumentError, PromptTooLongError, ServerBusyError, ServerShuttingDownError
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.serving.engine import Engine
 from steerkit.serving.requests import FinishEvent, RowSpec, TokenEvent
 

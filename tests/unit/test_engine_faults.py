@@ -13,7 +13,7 @@ from tiny import make_tokenizer, tiny_reward
 
 import steerkit
 from steerkit.errors import NonFiniteRewardError
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.serving.engine import Engine
 from steerkit.serving.requests import RowSpec
 

@@ -9,7 +9,7 @@ import steerkit
 from steerkit.decoding import RewardAugmentedGenerator
 from steerkit.models import resolve
 from steerkit.rewards.model import RewardModel
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.steering import SteeringTerm
 
 

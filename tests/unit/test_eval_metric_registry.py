@@ -9,7 +9,7 @@ from steerkit.errors import InvalidArgumentError
 from steerkit.evaluation import EvalConfig, EvalRunner
 from steerkit.evaluation import metrics as M
 from steerkit.evaluation.scorers.base import BaseScorer
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from tiny import tiny_lm
 
 PROMPTS = ["The quick", "I love", "This is"]

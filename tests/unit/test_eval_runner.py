@@ -9,7 +9,7 @@ from steerkit.evaluation import EvalConfig, EvalRunner
 from steerkit.evaluation.prompts import load_prompts
 from steerkit.evaluation.scorers.base import BaseScorer
 from steerkit.evaluation.store import JsonlStore
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from tiny import tiny_lm
 
 PROMPTS = ["The quick", "I love", "This is", "Numbers and", "You are"]

@@ -12,12 +12,12 @@ pytest.importorskip("onnxruntime")
 import steerkit  # noqa: E402
 from steerkit.errors import ExportError  # noqa: E402
 from steerkit.rewards.model import RewardModel  # noqa: E402
-from steerkit.rewards.onnx_backend import OnnxRewardModel, OnnxScoringCache  # noqa: E402
-from steerkit.rewards.onnx_export import (  # noqa: E402
+from steerkit.rewards.onnx.backend import OnnxRewardModel, OnnxScoringCache  # noqa: E402
+from steerkit.rewards.onnx.export import (  # noqa: E402
     DATA_FILE, MANIFEST_NAME, MODEL_FILE, cache_entry, export_onnx, reward_dir_hash,
 )
-from steerkit.rewards.scorer import RewardModelScorer  # noqa: E402
-from steerkit.rewards.torch_cache import TorchScoringCache  # noqa: E402
+from steerkit.rewards.sequence.scorer import RewardModelScorer  # noqa: E402
+from steerkit.rewards.sequence.torch_cache import TorchScoringCache  # noqa: E402
 
 UNEVEN = ["The quick brown fox jumps over", "", "You are a wonderful friend", "I hate"]
 
@@ -231,7 +231,7 @@ def test_cli_export_verify_and_score(reward_dir, tmp_path, steerkit_cache):
 def test_registered_reward_exports_by_name_and_runs_with_onnx(reward_dir, tmp_path, steerkit_cache, tokenizer):
     from steerkit import registry
     from steerkit.rewards.packaged import reward_model_factory
-    from steerkit.rewards.onnx_export import export_source
+    from steerkit.rewards.onnx.export import export_source
 
     class Plugin:
         @registry.hookimpl

@@ -22,7 +22,7 @@ from steerkit.cli import main  # noqa: E402
 from steerkit.config import SteeringConfig  # noqa: E402
 from steerkit.errors import SteerkitError  # noqa: E402
 from steerkit.rewards.model import RewardModel  # noqa: E402
-from steerkit.rewards.scorer import RewardModelScorer  # noqa: E402
+from steerkit.rewards.sequence.scorer import RewardModelScorer  # noqa: E402
 
 from tiny import make_tokenizer, tiny_lm  # noqa: E402
 

@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from steerkit.errors import InvalidArgumentError, OutputExistsError, RewardModelFormatError, SteerkitWarning
-from steerkit.rewards.bridge import BridgedSession
+from steerkit.rewards.sequence.bridge import BridgedSession
 from steerkit.rewards.model import CONFIG_NAME, RewardModel
 from steerkit.rewards.rad_import import PROVENANCE_NAME, import_rad_checkpoint
-from steerkit.rewards.scorer import RewardModelScorer
-from steerkit.rewards.sessions import SameTokenizerSession
+from steerkit.rewards.sequence.scorer import RewardModelScorer
+from steerkit.rewards.sequence.sessions import SameTokenizerSession
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "You are a wonderful friend", "I hate it", "a"]
 TOL = 1e-5
@@ -280,7 +280,7 @@ def test_assessing_an_imported_model_reads_no_start_token(rad, rad_rm, tokenizer
 def test_onnx_export_of_an_imported_model_reads_no_start_token(rad, imported, tokenizer, tmp_path, monkeypatch):
     pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    from steerkit.rewards.onnx_backend import OnnxRewardModel
+    from steerkit.rewards.onnx.backend import OnnxRewardModel
 
     monkeypatch.setenv("STEERKIT_CACHE", str(tmp_path / "cache"))
     onnx_model = OnnxRewardModel.load(imported)

@@ -260,7 +260,7 @@ def test_plugins_command_json_and_table(fake_plugins):
 
 def test_reward_model_factory(tmp_path, tiny_backbone_dir):
     from steerkit.rewards.model import RewardModel
-    from steerkit.rewards.scorer import RewardModelScorer
+    from steerkit.rewards.sequence.scorer import RewardModelScorer
 
     factory = reward_model_factory(tmp_path / "model", name="tox", package="steerkit-tox")
     with pytest.raises(PluginError, match="model files are missing from the steerkit-tox package"):

@@ -17,8 +17,8 @@ from steerkit.rewards.backends import backend_names, check_backend, get_backend
 from steerkit.rewards.builtin_backends import OnnxBackend, TorchBackend
 from steerkit.rewards.loading import load_reward
 from steerkit.rewards.packaged import reward_model_factory
-from steerkit.rewards.scorer import RewardModelScorer
-from steerkit.rewards.torch_cache import TorchScoringCache
+from steerkit.rewards.sequence.scorer import RewardModelScorer
+from steerkit.rewards.sequence.torch_cache import TorchScoringCache
 
 
 class CountingBackend(TorchBackend):

@@ -17,7 +17,7 @@ from steerkit.rewards.kinds import (DEFAULT_KIND, RewardKind, declared_kind, get
                                     kind_of_reference, register_kind, unregister_kind)
 from steerkit.rewards.loading import load_directory
 from steerkit.rewards.packaged import describe_reward_model, reward_model_factory
-from steerkit.rewards.token_model import is_token_directory
+from steerkit.rewards.token.model import is_token_directory
 
 REAL_KINDS = ["sequence", "token"]
 

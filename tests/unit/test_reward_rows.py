@@ -10,9 +10,9 @@ import torch
 from tiny import make_tokenizer, tiny_reward
 
 from steerkit.rewards.base import supports_row_changes
-from steerkit.rewards.bridge import BridgedSession
-from steerkit.rewards.scorer import RewardModelScorer
-from steerkit.rewards.sessions import SameTokenizerSession
+from steerkit.rewards.sequence.bridge import BridgedSession
+from steerkit.rewards.sequence.scorer import RewardModelScorer
+from steerkit.rewards.sequence.sessions import SameTokenizerSession
 
 PROMPTS = ["The quick brown fox jumps", "", "You are", "Café déjà vu: naïve 🙂 résumé", "I hate it",
            "Numbers 0123 and"]

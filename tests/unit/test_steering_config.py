@@ -14,7 +14,7 @@ from tiny import make_tokenizer, tiny_lm
 from steerkit.cli import app
 from steerkit.config import SteeringConfig
 from steerkit.errors import ConfigError
-from steerkit.rewards.bridge import BridgedSession
+from steerkit.rewards.sequence.bridge import BridgedSession
 from steerkit.rewards.model import RewardModel
 from steerkit.steering import BetaSchedule
 

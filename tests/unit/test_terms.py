@@ -12,7 +12,7 @@ from steerkit.config import SteeringConfig
 from steerkit.decoding import build_terms
 from steerkit.errors import InvalidArgumentError
 from steerkit.evaluation import EvalConfig, EvalRunner
-from steerkit.rewards.scorer import RewardModelScorer
+from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.terms import build_term, terms_from_specs
 
 

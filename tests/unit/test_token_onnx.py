@@ -9,7 +9,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
 
 from steerkit.rewards.model import TokenHeadSettings  # noqa: E402
-from steerkit.rewards.token_model import TokenRewardModel  # noqa: E402
+from steerkit.rewards.token.model import TokenRewardModel  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +29,9 @@ def token_dir(tmp_path_factory, tokenizer):
 def test_onnx_token_reward_matches_torch_while_decoding(token_dir, tokenizer, lm, tmp_path, monkeypatch):
     import steerkit
     from steerkit.cli.app import build_app
-    from steerkit.rewards.onnx_manifest import verify_export
-    from steerkit.rewards.token_onnx import OnnxTokenModel
-    from steerkit.rewards.token_session import TokenReward
+    from steerkit.rewards.onnx.manifest import verify_export
+    from steerkit.rewards.onnx.token import OnnxTokenModel
+    from steerkit.rewards.token.session import TokenReward
     from typer.testing import CliRunner
 
     monkeypatch.setenv("STEERKIT_CACHE", str(tmp_path / "cache"))

@@ -10,9 +10,9 @@ import torch
 from steerkit import RewardAugmentedGenerator, RewardAugmentedLogitsProcessor, SteeringTerm
 from steerkit.errors import InvalidArgumentError, RewardModelFormatError, VocabularyMismatchError
 from steerkit.rewards.model import RewardModel, TokenHeadSettings
-from steerkit.rewards.scorer import RewardModelScorer
-from steerkit.rewards.token_model import TokenRewardModel, candidate_logits
-from steerkit.rewards.token_session import TokenReward
+from steerkit.rewards.sequence.scorer import RewardModelScorer
+from steerkit.rewards.token.model import TokenRewardModel, candidate_logits
+from steerkit.rewards.token.session import TokenReward
 from steerkit.steering import reweight
 from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward
 
@@ -206,7 +206,7 @@ def test_saved_token_model_loads_as_a_token_reward_and_not_as_a_sequence_model(t
     assert reward.model.score_texts(texts) == pytest.approx(rm.score_texts(texts), abs=1e-6)
     with pytest.raises(RewardModelFormatError, match="token-level"):
         RewardModel.from_pretrained(tmp_path / "rm")
-    from steerkit.rewards.token_session import load_token_model
+    from steerkit.rewards.token.session import load_token_model
 
     with pytest.raises(InvalidArgumentError, match="token-level"):
         load_token_model(tmp_path / "rm", backend="other")
@@ -214,7 +214,7 @@ def test_saved_token_model_loads_as_a_token_reward_and_not_as_a_sequence_model(t
 
 def test_one_steering_config_composes_a_token_and_a_sequence_reward_directory(tmp_path, tiny_backbone_dir):
     from steerkit.config import SteeringConfig
-    from steerkit.rewards.scorer import RewardModelScorer
+    from steerkit.rewards.sequence.scorer import RewardModelScorer
 
     token = TokenRewardModel.from_backbone(str(tiny_backbone_dir), 1, name="tok")
     seq = RewardModel.from_backbone(str(tiny_backbone_dir), 1, name="seq")

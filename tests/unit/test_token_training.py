@@ -45,7 +45,7 @@ def config(root: Path, name: str, **extra):
 
 def test_label_training_writes_a_token_reward_with_card(workspace):
     import steerkit
-    from steerkit.rewards.token_session import TokenReward
+    from steerkit.rewards.token.session import TokenReward
     from steerkit.training import train
 
     result = train(config(workspace, "labels", steps=30), progress=False)

@@ -161,7 +161,9 @@ def test_distillation_samples_where_the_student_trains(workspace, monkeypatch):
     train(config(workspace, "placed", "distill", steps=2, distill={
         "teacher": str(workspace / "teacher"), "lm": str(workspace / "backbone"), "prompts": 8, "prompt_words": 3,
         "max_new_tokens": 3, "k": 4, "steer_betas": [0.0, 2.0], "holdout_fraction": 0.25}), progress=False)
-    assert placed == [("cpu", ["teacher", "teacher"], [0.0, 2.0])]
+    # one set-up per steer_betas value (assembly.assemble), each placing the LM and the teacher on config.device
+    assert [(device, names) for device, names, _ in placed] == [("cpu", ["teacher"])] * 2
+    assert sorted(w for _, _, weights in placed for w in weights) == [0.0, 2.0]
 
 
 # -- seeds and vocabularies --------------------------------------------------------------------------------------
@@ -192,7 +194,9 @@ def test_training_seeds_are_the_rules_of_steerkit_seeds():
 
 
 def test_one_same_vocabulary():
-    from steerkit.rewards import scorer, token_session, vocab
+    from steerkit.rewards import vocab
+    from steerkit.rewards.sequence import scorer
+    from steerkit.rewards.token import session as token_session
     from steerkit.training import distill_data
 
     assert scorer.same_vocabulary is token_session.same_vocabulary is vocab.same_vocabulary

@@ -43,10 +43,10 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ExportError
-from ..files import atomic_write_text, cache_dir, sha256_file
-from .model import CONFIG_NAME, RewardModel
-from .onnx_manifest import (DATA_FILE, EXPORT_FORMAT, EXPORT_FORMAT_VERSION, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR,
+from ...errors import ExportError
+from ...files import atomic_write_text, cache_dir, sha256_file
+from ..model import CONFIG_NAME, RewardModel
+from .manifest import (DATA_FILE, EXPORT_FORMAT, EXPORT_FORMAT_VERSION, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR,
                             input_names, is_export_dir, output_names, tokenizer_fingerprint)
 
 DEFAULT_OPSET = 17
@@ -114,7 +114,7 @@ class _ExportWrapper(torch.nn.Module):
 
 def _probe_inputs(model: RewardModel, batch: int, new: int, past: int, seed: int = 0):
     """Random but valid inputs: a prefix with a hole, then causal new tokens."""
-    from .attention import additive, append_mask_4d
+    from ..attention import additive, append_mask_4d
 
     g = torch.Generator().manual_seed(seed)
     heads, head_dim = kv_shape(model)
@@ -300,7 +300,7 @@ def _sha256(path: Path) -> str:
 
 def _steerkit_version() -> str:
     try:
-        from .. import __version__
+        from ... import __version__
     except ImportError:
         return "unknown"
     return __version__
@@ -348,7 +348,7 @@ def export_source(reference: str) -> tuple[RewardModel, str, dict]:
     if path.is_dir():
         model = RewardModel.from_pretrained(path)
         return model, reward_dir_hash(path), {"kind": "directory", "directory": str(path.resolve())}
-    from ..registry import get_registry  # (not rewards.loading, which reaches this module back through token_onnx)
+    from ...registry import get_registry  # (not rewards.loading, which reaches this module back through token_onnx)
 
     try:  # a plugin's reward_model_factory exposes the directory it loads: hash its files like a path
         directory = getattr(get_registry().get("reward", reference).factory, "directory", None)

@@ -1,6 +1,6 @@
 """The ONNX export format: file names, graph input/output names, the manifest, and verifying a directory.
 
-Reading side of :mod:`steerkit.rewards.onnx_export` (which writes exports): the onnxruntime backend needs only
+Reading side of :mod:`steerkit.rewards.onnx.export` (which writes exports): the onnxruntime backend needs only
 this module to check that an export directory is complete, uncorrupted and matches its tokenizer.
 """
 
@@ -11,10 +11,10 @@ import json
 import os
 from pathlib import Path
 
-from ..errors import ExportError
-from ..files import sha256_file
-from ..models import prepare_tokenizer
-from .model import RewardModelConfig
+from ...errors import ExportError
+from ...files import sha256_file
+from ...models import prepare_tokenizer
+from ..model import RewardModelConfig
 
 MANIFEST_NAME = "steerkit_onnx.json"
 MODEL_FILE = "model.onnx"

@@ -4,7 +4,7 @@
   and the sessions need one (``config``, ``tokenizer``, ``encode``, ``score_texts``) but runs the verified
   export (see :mod:`.onnx_export`) in onnxruntime. Loading it needs neither torch weights nor the backbone.
 * :class:`OnnxScoringCache` is a :class:`~steerkit.rewards.cache.SharedPrefixCache`, like
-  :class:`~steerkit.rewards.torch_cache.TorchScoringCache`: the same hole and rollback bookkeeping. The k candidate blocks
+  :class:`~steerkit.rewards.sequence.torch_cache.TorchScoringCache`: the same hole and rollback bookkeeping. The k candidate blocks
   are one forward over the shared prefix; their KV comes back as ``present_*`` outputs and stays pending
   until :meth:`~OnnxScoringCache.commit_choice` keeps the chosen block's KV.
 
@@ -31,12 +31,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import ExportError
-from .attention import additive, append_mask_4d
-from .cache import SharedPrefixCache, left_pad_kv, pick_columns
-from .model import CONFIG_NAME, RewardModel, RewardModelConfig, refuse_empty_rows
-from .onnx_export import INSTALL_HINT, ensure_cached_export, model_content_hash, reward_dir_hash
-from .onnx_manifest import MODEL_FILE, is_export_dir, verify_export
+from ...errors import ExportError
+from ..attention import additive, append_mask_4d
+from ..cache import SharedPrefixCache, left_pad_kv, pick_columns
+from ..model import CONFIG_NAME, RewardModel, RewardModelConfig, refuse_empty_rows
+from .export import INSTALL_HINT, ensure_cached_export, model_content_hash, reward_dir_hash
+from .manifest import MODEL_FILE, is_export_dir, verify_export
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"

@@ -32,8 +32,8 @@ import functools
 import torch
 from torch import nn
 
-from ..hf_compat import cache_kwargs, output_cache
-from .model import OUTPUT_FUNCTIONS, RewardModel, RewardOutput, TokenHeadSettings
+from ...hf_compat import cache_kwargs, output_cache
+from ..model import OUTPUT_FUNCTIONS, RewardModel, RewardOutput, TokenHeadSettings
 
 #: from this share of the vocabulary in distinct candidates on, they are scored with one [B, V] product and a gather
 FULL_PRODUCT_FRACTION = 0.25
@@ -109,7 +109,7 @@ def realized_logits(query: torch.Tensor, offset: torch.Tensor, embeddings: torch
 def is_token_directory(directory) -> bool:
     """True for a reward-model directory or an ONNX export of the ``token`` kind (:mod:`steerkit.rewards.kinds`,
     where loading looks a directory's kind up)."""
-    from .kinds import get_kind
+    from ..kinds import get_kind
 
     return get_kind("token").detects(directory)
 
@@ -155,7 +155,7 @@ class TokenRewardModel(RewardModel):
 
     ```python
     >>> import torch
-    >>> from steerkit.rewards.token_model import TokenRewardModel, candidate_logits
+    >>> from steerkit.rewards.token.model import TokenRewardModel, candidate_logits
     >>> from steerkit.testing import make_tokenizer, tiny_lm
     >>> tok = make_tokenizer()
     >>> rm = TokenRewardModel.from_causal_lm(tiny_lm(tok), tok, num_layers=1, name="tiny")
@@ -184,7 +184,7 @@ class TokenRewardModel(RewardModel):
     def from_backbone(cls, reference: str, num_layers: int | None = None, *, name: str = "reward",
                       attribute: str = "", max_length: int = 512,
                       head: TokenHeadSettings | None = None) -> "TokenRewardModel":
-        from ..models import load_causal_lm
+        from ...models import load_causal_lm
 
         lm, tokenizer, source = load_causal_lm(reference)
         return cls._wrap(lm, tokenizer, source.reference, source.fingerprint, num_layers, name=name,

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from .attention import additive
-from .cache import SharedPrefixCache, left_pad_kv, pick_columns
-from .model import RewardModel
+from ..attention import additive
+from ..cache import SharedPrefixCache, left_pad_kv, pick_columns
+from ..model import RewardModel
 
 
 class TorchScoringCache(SharedPrefixCache):

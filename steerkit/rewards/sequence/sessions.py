@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import ScoringCache
+from ..base import ScoringCache
 
 
 class SameTokenizerSession:

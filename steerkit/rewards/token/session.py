@@ -6,8 +6,8 @@
 the last position. ``score`` is then a gather of the k candidates' output embeddings and k dot products (one
 ``[B, V]`` product for a large k); ``commit`` runs the chosen token through the reward model, one position per
 row. The session runs any model with the runner interface (``run``, ``empty_past``, ``output_embeddings``,
-``output``, ``encode``): :class:`~steerkit.rewards.token_model.TokenRewardModel` (torch) and
-:class:`~steerkit.rewards.token_onnx.OnnxTokenModel` (onnxruntime).
+``output``, ``encode``): :class:`~steerkit.rewards.token.model.TokenRewardModel` (torch) and
+:class:`~steerkit.rewards.onnx.token.OnnxTokenModel` (onnxruntime).
 
 A token-level reward reads the LM's token ids directly, so it needs the LM's vocabulary:
 :func:`check_vocabulary` raises :class:`~steerkit.errors.VocabularyMismatchError` for another tokenizer family
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import InvalidArgumentError, VocabularyMismatchError
-from .attention import additive, append_mask_4d
-from .token_model import candidate_logits, realized_logits
-from .vocab import same_vocabulary
+from ...errors import InvalidArgumentError, VocabularyMismatchError
+from ..attention import additive, append_mask_4d
+from .model import candidate_logits, realized_logits
+from ..vocab import same_vocabulary
 
 
 def check_vocabulary(name: str, model, lm_tokenizer) -> None:
@@ -157,13 +157,13 @@ def load_token_model(directory, backend: str = "torch", *, cached: bool = False)
     """The model of a token-level reward-model directory (or of a backend's export of it), loaded by the backend's
     ``load_token`` (:mod:`steerkit.rewards.backends`). ``cached``: once per process, directory and backend (what
     packaged rewards use)."""
-    from .kinds import get_kind
+    from ..kinds import get_kind
 
     return get_kind("token").load_model(directory, backend, cached=cached)
 
 
 def load_token_reward(directory, *, backend: str = "torch", context: str = "continuation",
                       name: str | None = None, cached: bool = False) -> TokenReward:
-    from .kinds import get_kind
+    from ..kinds import get_kind
 
     return get_kind("token").load_reward(directory, backend=backend, context=context, name=name, cached=cached)

@@ -7,10 +7,10 @@ from typing import Literal
 
 import torch
 
-from .backends import DEFAULT_BACKEND, check_backend, get_backend
-from .model import RewardModel
+from ..backends import DEFAULT_BACKEND, check_backend, get_backend
+from ..model import RewardModel
 from .sessions import SameTokenizerSession
-from .vocab import same_vocabulary
+from ..vocab import same_vocabulary
 
 Context = Literal["continuation", "full"]
 

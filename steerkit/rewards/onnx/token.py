@@ -15,9 +15,9 @@ Graph signature: the inputs of a sequence export (``input_ids``, ``position_ids`
     present_key_i / present_value_i         past ++ new
 
 A candidate's reward ``f(⟨query, e_v⟩ + offset)`` is a gather and a dot product outside the graph
-(:func:`~steerkit.rewards.token_model.candidate_logits`), the same code as for torch, so k can be the whole
+(:func:`~steerkit.rewards.token.model.candidate_logits`), the same code as for torch, so k can be the whole
 vocabulary without a second graph. :class:`OnnxTokenModel` has the runner interface of
-:class:`~steerkit.rewards.token_model.TokenRewardModel` that :class:`~steerkit.rewards.token_session.TokenSession`
+:class:`~steerkit.rewards.token.model.TokenRewardModel` that :class:`~steerkit.rewards.token.session.TokenSession`
 drives; parity with torch is checked at export (≤ 1e-4 on probes) and tested.
 """
 
@@ -30,15 +30,15 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ExportError
-from .model import OUTPUT_FUNCTIONS, RewardModel
-from .onnx_backend import OnnxRuntime, load_export, score_from_scratch
-from .onnx_export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against_torch, _check_out_dir,
+from ...errors import ExportError
+from ..model import OUTPUT_FUNCTIONS, RewardModel
+from .backend import OnnxRuntime, load_export, score_from_scratch
+from .export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against_torch, _check_out_dir,
                           _dynamic_axes, _export_into_cache, _ExportWrapper, _make_tmp_dir, _manifest, _require,
                           _write_graph, _write_manifest_and_publish, cache_entry, model_content_hash, reward_dir_hash)
-from .onnx_manifest import (DATA_FILE, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR, input_names, is_export_dir,
+from .manifest import (DATA_FILE, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR, input_names, is_export_dir,
                             output_names, verify_export)
-from .token_model import TokenRewardModel, realized_logits, textless_ids
+from ..token.model import TokenRewardModel, realized_logits, textless_ids
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 
@@ -58,7 +58,7 @@ def export_token_onnx(model: TokenRewardModel, out_dir, *, source_hash: str | No
                       overwrite: bool = False, check: bool = True) -> Path:
     """Export a token-level reward model to ``out_dir`` (a temporary sibling renamed into place); with ``check``
     onnxruntime must reproduce torch to 1e-4 on probe inputs first. Same arguments as
-    :func:`~steerkit.rewards.onnx_export.export_onnx`."""
+    :func:`~steerkit.rewards.onnx.export.export_onnx`."""
     onnx = _require("onnx")
     from safetensors.torch import save_file
 
@@ -101,7 +101,7 @@ def ensure_token_export(directory, *, reward_hash: str | None = None, opset: int
 def token_export_source(reference: str) -> tuple[TokenRewardModel, str, dict]:
     """(model, reward hash, provenance) of a token-level reward model: a directory, or a registered name whose
     factory ships one (the ``export_source`` of the ``token`` kind, :mod:`steerkit.rewards.kinds`)."""
-    from .kinds import source_directory
+    from ..kinds import source_directory
 
     path, provenance = source_directory(reference)
     if path is None:
@@ -114,7 +114,7 @@ def token_export_source(reference: str) -> tuple[TokenRewardModel, str, dict]:
 
 class OnnxTokenModel:
     """A verified token-level ONNX export run by onnxruntime, with the runner interface of
-    :class:`~steerkit.rewards.token_model.TokenRewardModel` (``run``, ``empty_past``, ``output_embeddings``,
+    :class:`~steerkit.rewards.token.model.TokenRewardModel` (``run``, ``empty_past``, ``output_embeddings``,
     ``output``, ``encode``, ``score_texts``). Loading needs neither torch weights nor the backbone."""
 
     backend = "onnx"
@@ -149,7 +149,7 @@ class OnnxTokenModel:
 
     @functools.cached_property
     def textless_ids(self) -> torch.Tensor | None:
-        """The ids of the tokens that add no text (:func:`~steerkit.rewards.token_model.textless_ids`)."""
+        """The ids of the tokens that add no text (:func:`~steerkit.rewards.token.model.textless_ids`)."""
         return textless_ids(self.tokenizer)
 
     def empty_past(self, batch: int) -> list[torch.Tensor]:
