@@ -1,7 +1,7 @@
 """A benchmark run on two revisions of steerkit side by side, in one run: before/after ratios.
 
-Checks out ``--before`` (a git revision) into a temporary worktree, then runs this checkout's benchmark scripts
-alternately with that tree's steerkit and with this checkout's (before, after, after, before, ... so that a slow drift of the machine's
+Checks out ``--before`` (a git revision) into a temporary worktree, then runs the chosen benchmark scripts
+alternately on it and on this checkout (each tree its own copy of the script) (before, after, after, before, ... so that a slow drift of the machine's
 load falls on both sides), each in a fresh process with ``PYTHONPATH`` pointing at that tree and one torch
 thread. Prints the figures each benchmark reports, the after/before ratios, and writes JSON.
 
@@ -52,8 +52,10 @@ def worktree(revision: str, into: Path) -> Path:
 def run_once(tree: Path, bench: str, out: Path) -> dict:
     script, args, _ = BENCHES[bench]
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "STEERKIT_THREADS": "1"}
-    # this checkout's benchmark scripts on both trees (they use only public APIs both revisions have)
-    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args, "--out", str(out)]
+    # each tree runs its own copy of a benchmark (its imports follow that tree's modules); a script the other
+    # revision lacks (bench_engine_step.py: only the engine's public contract) runs from this checkout
+    own = tree / "benchmarks" / script
+    cmd = [sys.executable, str(own if own.exists() else ROOT / "benchmarks" / script), *args, "--out", str(out)]
     proc = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise SystemExit(f"{bench} failed on {tree}:\n{proc.stderr[-3000:]}")

@@ -219,7 +219,8 @@ class RewardAugmentedGenerator:
         """One batch through the engine core: rows sharing every setting and the default RNG, prefilled together;
         a finished row stays in the batch (fed padding) until every row has finished or the length is reached."""
         tok = self.tokenizer
-        core = EngineCore(self.model, tok, eos=eos, vocab_size=self.vocab_size, shared_rng=True, strict=True)
+        core = EngineCore(self.model, tok, eos=eos, vocab_size=self.vocab_size, shared_rng=True, strict=True,
+                          stream_text=False)  # the texts are decoded once at the end
         ids = tok(prompts, add_special_tokens=False)["input_ids"]
         rows = [Row(raw, row_ids, self.terms, self.k, params.temperature, params.max_new_tokens, list(params.stop),
                     params.include_stop) for raw, row_ids in zip(raw_prompts, ids)]

@@ -52,11 +52,12 @@ class EngineCore:
     failure raises (``generate``); otherwise it fails only the rows it hit (the server)."""
 
     def __init__(self, lm, tokenizer, *, eos: Sequence[int] = (), vocab_size: int, shared_rng: bool = False,
-                 strict: bool = False, names=None):
+                 strict: bool = False, names=None, stream_text: bool = True):
         self.lm, self.tokenizer = lm, tokenizer
         self.eos = set(eos)
         self.vocab_size = vocab_size
         self.shared_rng, self.strict = shared_rng, strict
+        self.stream_text = stream_text  # False: a row's text is tracked only to find its stop strings
         self.batch = LMBatch(lm)
         self.rows: list[Row] = []
         self.groups: dict[int, RewardGroup] = {}
@@ -73,14 +74,14 @@ class EngineCore:
         failed: dict = {}
         if together:
             for row in rows:
-                row.start(self.tokenizer, self.batch.device, self.shared_rng)
+                row.start(self.tokenizer, self.batch.device, self.shared_rng, self.stream_text)
             self.batch.prefill_padded([row.prompt_ids for row in rows], self.tokenizer)
             ready = list(rows)
         else:
             ready, prefilled = [], []
             for row in rows:
                 try:
-                    row.start(self.tokenizer, self.batch.device, self.shared_rng)
+                    row.start(self.tokenizer, self.batch.device, self.shared_rng, self.stream_text)
                     prefilled.append(self.batch.prefill(row.prompt_ids))
                     ready.append(row)
                 except Exception as exc:  # noqa: BLE001
@@ -188,7 +189,8 @@ class EngineCore:
             row.ids.append(token)
             eos = token in self.eos
             last = eos or len(row.ids) >= row.max_tokens
-            delta, stopped = row.text.push(row.ids[:-1] if eos else row.ids, final=last)
+            delta, stopped = ("", False) if row.text is None else row.text.push(row.ids[:-1] if eos else row.ids,
+                                                                               final=last)
             finish = "stop" if eos or stopped else ("length" if last else None)
             row.finished = finish is not None
             rewards = None

@@ -47,10 +47,11 @@ class Row:
     def step(self) -> int:
         return self.steps
 
-    def start(self, tokenizer, device, shared_rng: bool = False) -> None:
-        """Called at admission: the text tracker and the row's own random generator (seeded, or fresh entropy;
-        none when the batch shares one RNG or the row is greedy)."""
-        self.text = StreamText(tokenizer, self.stop, self.include_stop)
+    def start(self, tokenizer, device, shared_rng: bool = False, stream_text: bool = True) -> None:
+        """Called at admission: the text tracker (when the text is streamed, or stop strings must be found) and
+        the row's own random generator (seeded, or fresh entropy; none when the batch shares one RNG or the row
+        is greedy)."""
+        self.text = StreamText(tokenizer, self.stop, self.include_stop) if stream_text or self.stop else None
         if self.temperature > 0 and not shared_rng:
             self.generator = torch.Generator(device=device)
             self.generator.manual_seed(self.seed if self.seed is not None else secrets.randbits(63))
