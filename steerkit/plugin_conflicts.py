@@ -132,9 +132,9 @@ class ConflictResolution:
         broken = [f"  {p.name}: {p.errors[0]}" for p in self.plugins.values() if p.errors]
         if broken:
             lines += ["Plugins with errors:", *broken]
-        lines.append("Run `steerkit plugins` to see installed plugins; install reward plugins with "
-                     "`pip install ./plugins/steerkit-toxicity` or any package that registers on the 'steerkit' "
-                     "entry-point group.")
+        lines.append("Run `steerkit plugins` to see installed plugins; `steerkit setup` installs the bundled "
+                     "toxicity and sentiment plugins, and any package that registers on the 'steerkit' entry-point "
+                     "group adds its own.")
         if os.environ.get(ENV_ALLOWLIST) is not None:
             lines.append(f"Only plugins listed in {ENV_ALLOWLIST}={os.environ[ENV_ALLOWLIST]!r} were loaded.")
         raise PluginError("\n".join(lines))

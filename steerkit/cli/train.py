@@ -43,7 +43,8 @@ def train(
     data: List[str] = typer.Option([], "--data", "-d", help="Data file (CSV, TSV, JSONL, .txt), repeatable; "
                                    "PATH@WEIGHT sets its mixing weight. Replaces the config's data."),
     text: str = typer.Option("text", "--text", help="Text column or dotted JSON path for --data files."),
-    label: Optional[str] = typer.Option(None, "--label", help="Label column or dotted path (e.g. continuation.toxicity)."),
+    label: Optional[str] = typer.Option(None, "--label", help="Label column or dotted path (e.g. continuation.toxicity). "
+                                        "\\[default: label]"),
     label_value: Optional[float] = typer.Option(None, "--label-value", help="Constant label for every --data row."),
     rescale: Optional[str] = typer.Option(None, "--rescale", help="Map labels from LOW,HIGH to [0,1], e.g. -4,4."),
     binary: Optional[float] = typer.Option(None, "--binary", help="Binarise labels: >= threshold -> 1."),
@@ -53,9 +54,13 @@ def train(
                                             "(default: the config's data_root, else $STEERKIT_DATA_ROOT)."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Reward-model directory to write."),
     backbone: Optional[str] = typer.Option(None, "--backbone", help="Causal LM reference (default smollm2-135m-instruct)."),
-    layers: Optional[int] = typer.Option(None, "--layers", help="Keep only the first N transformer layers."),
+    layers: Optional[int] = typer.Option(None, "--num-layers", "--layers", help="Keep only the first N transformer "
+                                         "layers (num_layers)."),
     method: Optional[str] = typer.Option(None, "--method", help="lora, head or full."),
-    lora_r: Optional[int] = typer.Option(None, "--lora-r", help="LoRA rank."),
+    lora_r: Optional[int] = typer.Option(None, "--lora-r", help="LoRA rank (lora.r)."),
+    lora_alpha: Optional[int] = typer.Option(None, "--lora-alpha", help="LoRA scaling alpha (lora.alpha)."),
+    dev_fraction: Optional[float] = typer.Option(None, "--dev-fraction", help="Share of each source held out as "
+                                                 "the dev split, in [0, 1)."),
     loss: Optional[str] = typer.Option(None, "--loss", help="cumulative (paper) or last (last-token MSE)."),
     max_length: Optional[int] = typer.Option(None, "--max-length", help="Tokens per text incl. the start token."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Optimizer steps."),
@@ -94,10 +99,10 @@ def train(
         "max_length": max_length, "steps": steps, "epochs": epochs, "batch_size": batch_size, "lr": lr,
         "seed": seed, "eval_every": eval_every, "checkpoint_every": checkpoint_every, "threads": threads,
         "checkpoint_dir": checkpoint_dir, "name": name, "attribute": attribute, "data_root": data_root,
-        "device": device, "leave_out": leave_out or None,
+        "device": device, "leave_out": leave_out or None, "dev_fraction": dev_fraction,
     }, data=[_source(p, text, label, label_value, transform) for p in data],
         eval_files=[_source(p, text, label, label_value, transform) for p in eval_files])
-    cfg = _config_from_options(config, overrides, lora_r)
+    cfg = _config_from_options(config, overrides, {"r": lora_r, "alpha": lora_alpha})
     if data_root is None and cfg.data_root is None and os.environ.get("STEERKIT_DATA_ROOT"):
         err.print(f"data root from $STEERKIT_DATA_ROOT: {os.environ['STEERKIT_DATA_ROOT']}")
     if assess_model is not None:
@@ -137,9 +142,9 @@ def _overrides(flags: dict, data: list[dict], eval_files: list[dict]) -> dict:
     return {k: v for k, v in overrides.items() if v is not None}
 
 
-def _config_from_options(path: Optional[Path], overrides: dict, lora_r: Optional[int]) -> TrainConfig:
+def _config_from_options(path: Optional[Path], overrides: dict, lora: dict) -> TrainConfig:
     """The config file with the options over it or, without a file, a config of the options alone (which then
-    need --data and --output); --lora-r last, over the file's LoRA settings."""
+    need --data and --output); --lora-r / --lora-alpha last, over the file's LoRA settings."""
     from ..training.config import TrainConfig
 
     if path is not None:
@@ -150,8 +155,9 @@ def _config_from_options(path: Optional[Path], overrides: dict, lora_r: Optional
         if "output_dir" not in overrides:
             raise ConfigError("--output is required without a config file.")
         cfg = TrainConfig.from_dict(overrides, source="command-line options")
-    if lora_r is not None:
-        cfg = cfg.with_overrides({"lora": {**cfg.lora.model_dump(), "r": lora_r}})
+    lora = {key: value for key, value in lora.items() if value is not None}
+    if lora:
+        cfg = cfg.with_overrides({"lora": {**cfg.lora.model_dump(), **lora}})
     return cfg
 
 

@@ -25,8 +25,8 @@ GENERIC_LIMITATIONS = [
     "evidence later in a long text is not seen.",
     "A reward model is a small learned classifier: it inherits the biases and blind spots of its "
     "training labels and can be fooled by paraphrase, misspelling or adversarial text.",
-    "Scores are calibrated only as far as the training labels are; compare rewards, do not treat them "
-    "as probabilities of harm.",
+    "Scores are calibrated only as far as the training labels are; compare rewards rather than reading "
+    "them as calibrated probabilities.",
 ]
 
 

@@ -274,3 +274,18 @@ def test_gemma3_architecture_exports_with_parity(tokenizer, tmp_path, steerkit_c
         choice = torch.randint(0, 5, (len(UNEVEN),), generator=g)
         ref.commit_choice(choice)
         ours.commit_choice(choice)
+
+
+def test_first_use_export_says_so_on_stderr_once(reward_dir, tmp_path, steerkit_cache, capfd):
+    """Issue 27: `--backend onnx` on a reward-model directory exports on first use (seconds): a message says so,
+    with where it is cached and how long it took; the cached export is then used silently."""
+    copy = shutil.copytree(reward_dir, tmp_path / "rm-first-use")
+    rm = RewardModel.from_pretrained(copy)
+    torch.nn.init.normal_(rm.head.weight, std=0.3)  # its own content hash: not exported yet
+    rm.save_pretrained(copy)
+    capfd.readouterr()
+    OnnxRewardModel.load(copy)
+    first = capfd.readouterr().err
+    assert "exporting" in first and str(copy) in first and "first use only" in first and "done in" in first
+    OnnxRewardModel.load(copy)
+    assert "exporting" not in capfd.readouterr().err
