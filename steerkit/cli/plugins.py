@@ -6,6 +6,7 @@ terminal (piped, redirected, captured) it is plain tab-separated rows, so nothin
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 
@@ -16,6 +17,22 @@ from rich.table import Table
 
 
 COLUMNS = ("plugin", "version", "provides", "status", "description")
+
+_SCORERS = "steerkit.evaluation.builtin_scorers"
+_BACKENDS = "steerkit.rewards.builtin_backends"
+_EVAL = 'pip install "steerkit-rad[eval]"'
+#: What steerkit's own backends and scorers import when used, and the install command that provides it (as in
+#: steerkit.rewards.onnx.export.INSTALL_HINT and steerkit.evaluation.scorers.offline): (plugin, kind, name) ->
+#: (top-level modules, install command). A status says "missing" when one of the modules cannot be found; the
+#: check is ``importlib.util.find_spec``, which imports nothing.
+OPTIONAL_DEPENDENCIES: dict[tuple[str, str, str], tuple[tuple[str, ...], str]] = {
+    (_BACKENDS, "backend", "onnx"): (("onnxruntime", "onnx"), "pip install 'steerkit-rad[onnx]'"),
+    (_SCORERS, "scorer", "tox-block"): (("tox_block", "tf_keras", "tensorflow"),
+                                        'pip install "steerkit-rad[eval-tox-block]"'),
+    (_SCORERS, "scorer", "alt-profanity-check"): (("profanity_check",), _EVAL),
+    (_SCORERS, "scorer", "vader"): (("vaderSentiment",), _EVAL),
+    (_SCORERS, "scorer", "textblob"): (("textblob",), _EVAL),
+}
 
 
 def plugins(
@@ -42,6 +59,8 @@ def plugins(
                          for b in registry.list_backends()],
             "conflicts": [_conflict_dict(reg, c) for c in conflicts],
             "errors": {i.name: i.errors for i in infos if i.errors},
+            "missing": [{"kind": r.kind, "name": r.name, "plugin": r.plugin, "install": missing}
+                        for r in _registrations(reg) if (missing := missing_dependency(r)) is not None],
         }
         typer.echo(json.dumps(payload, ensure_ascii=False, indent=2))
         return
@@ -69,8 +88,11 @@ def plugins(
         for plugin, version, provides, status, description in rows:
             first = plugin != previous
             previous = plugin
-            status = status.split(":")[0]  # the references are in the conflict section below the table
-            style = {"CONFLICT": "bold red", "not selected": "yellow", "failed to load": "red"}.get(status)
+            key = status.split(":")[0]
+            if key in ("CONFLICT", "not selected"):
+                status = key  # the references are in the conflict section below the table
+            style = {"CONFLICT": "bold red", "not selected": "yellow", "failed to load": "red", "error": "red",
+                     "missing": "yellow"}.get(key)
             table.add_row(escape(plugin) if first else "", escape(version) if first else "", escape(provides),
                           f"[{style}]{escape(status)}[/]" if style else escape(status), escape(description))
         console.print(table)
@@ -99,25 +121,65 @@ def registry_kinds() -> tuple[str, ...]:
 
 
 def _rows(reg, infos) -> list[tuple[str, str, str, str, str]]:
-    """One row per (plugin, registered name), with that name's status."""
+    """One row per (plugin, registered name), with that name's status, then one row per error of the plugin (a
+    failed import or hook, a rejected registration), whose status is ``error: <reason>``."""
     rows = []
+    registrations = _registrations(reg)
     for info in infos:
         version = info.version or "-"
         if info.distribution and info.distribution != info.name:
             version = f"{info.distribution} {version}"
-        regs = [r for kind in registry_kinds() for regs in reg.claims[kind].values() for r in regs
-                if r.plugin == info.name]
-        if not regs:
+        regs = [r for r in registrations if r.plugin == info.name]
+        errors = [_error_row(error) for error in info.errors]
+        if not regs and not errors:
             rows.append((info.name, version, "-", "ok" if info.loaded else "failed to load", ""))
         for r in regs:
             rows.append((info.name, version, f"{r.kind} {r.name}", _status(reg, r), r.description))
+        for provides, reason in errors:
+            rows.append((info.name, version, provides, f"error: {reason}", ""))
     return rows
+
+
+def _registrations(reg) -> list:
+    """Every registration, in the order the table lists them."""
+    return [r for kind in registry_kinds() for regs in reg.claims[kind].values() for r in regs]
+
+
+def _error_row(error: str) -> tuple[str, str]:
+    """A plugin's recorded error as (provides, short reason): the hook that failed (``-`` when the plugin did not
+    load) and the first line of what went wrong; the full message is printed below the table."""
+    first = (error.strip().splitlines() or ["unknown error"])[0]
+    hook, sep, rest = first.partition(": ")
+    if sep and hook.startswith("register_"):
+        return hook, rest.removesuffix(" (nothing it registered is used)")
+    return "-", first
+
+
+def missing_dependency(r) -> str | None:
+    """The install command when a backend or scorer of steerkit's cannot run for want of an optional package
+    (the missing modules in parentheses), else None."""
+    needs = OPTIONAL_DEPENDENCIES.get((r.plugin, r.kind, r.name))
+    if needs is None:
+        return None
+    modules, install = needs
+    absent = [m for m in modules if not _importable(m)]
+    return f"{install}  ({', '.join(absent)})" if absent else None
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken parent package, or a module whose __spec__ is None
+        return False
 
 
 def _status(reg, r) -> str:
     conflict = reg.conflicts[r.kind].get(r.name)
     if conflict is None:
-        return "ok" if reg.entries[r.kind].get(r.name) is r else "not selected"
+        if reg.entries[r.kind].get(r.name) is not r:
+            return "not selected"
+        missing = missing_dependency(r)
+        return "ok" if missing is None else f"missing: {missing}"
     if conflict.selected is r:
         return "selected (STEERKIT_PREFER)"
     if conflict.selected is not None:

@@ -48,11 +48,16 @@ def serve(
     replicas: Optional[int] = typer.Option(None, "--replicas", min=1, help="With --ray: replicas. \\[default: 1]"),
     ray_config: Optional[Path] = typer.Option(None, "--ray-config", help="With --ray: YAML/TOML file whose "
                                               "ray_serve section sets replicas and Ray Serve autoscaling."),
+    prefer: List[str] = typer.Option([], "--prefer", metavar="NAME=PLUGIN", help="Repeatable: serve PLUGIN's "
+                                     "reward as NAME when several plugins register NAME (like STEERKIT_PREFER; "
+                                     "the others stay available as PLUGIN:NAME)."),
 ):
     """Serve steered generation over an OpenAI-compatible HTTP API, with a playground at /."""
     from ..config import SteeringConfig
 
     _check_port_free(host, port)
+    if prefer:
+        apply_preferences(prefer)
     if config is not None or lm is not None or reward or k is not None or backend is not None:
         cfg = SteeringConfig.from_file(config) if config else SteeringConfig()
         overrides = {"lm": lm, "k": k, "backend": backend}
@@ -113,6 +118,29 @@ def run_server(cfg, *, host: str, port: int, max_running: int, max_queue: int, t
               f"on http://{shown}:{port}  (playground /, OpenAI API /v1, metrics /metrics; Ctrl-C to stop)",
               soft_wrap=True)
     server.run()
+
+
+def apply_preferences(values: List[str]) -> None:
+    """``--prefer NAME=PLUGIN`` values: added to ``STEERKIT_PREFER`` (a flag wins over the variable for the same
+    name), which the registry reads (:func:`steerkit.registry.get_registry`); processes started from
+    this one inherit it."""
+    import os
+
+    from .. import registry
+    from ..plugin_conflicts import parse_preferences
+
+    given, problems = parse_preferences(",".join(values))
+    bad = [v for v in values if "," in v]
+    if bad or problems:
+        why = "; ".join([*(f"{v!r} holds a comma: repeat --prefer instead" for v in bad), *problems])
+        raise InvalidArgumentError(f"--prefer takes NAME=PLUGIN (e.g. --prefer toxicity=steerkit-toxicity): {why}.")
+    current, problems = parse_preferences(os.environ.get(registry.ENV_PREFER))
+    if problems:
+        raise InvalidArgumentError(f"{registry.ENV_PREFER}={os.environ[registry.ENV_PREFER]!r} is not valid: "
+                                   f"{'; '.join(problems)}. Write NAME=PLUGIN[,NAME=PLUGIN...].")
+    merged = {**current, **given}
+    os.environ[registry.ENV_PREFER] = ",".join(f"{name}={plugin}" for name, plugin in merged.items())
+    registry.reset()  # the next lookup reads the preferences afresh
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -43,9 +43,45 @@ def engine_parts(config=None) -> EngineParts:
         except SteerkitError as exc:
             warnings.warn(f"reward {registration.name!r} is installed but could not be loaded, so it is not served: "
                           f"{exc}", SteerkitWarning, stacklevel=2)
+    _load_clashing_rewards(rewards, config.backend)
     setup = assemble(config.lm, device=config.device)  # the LM, on the config's device
     model, tokenizer = setup.model, setup.tokenizer
     if config.device is not None:
         model = place(model, rewards.values(), config.device)
     default = [spec.model_dump() for spec in config.rewards] or None
     return EngineParts(model, tokenizer, rewards, default, config.k, config.lm)
+
+
+def _load_clashing_rewards(rewards: dict, backend) -> None:
+    """Serve every provider of a reward name that several plugins register under its qualified name
+    ``PLUGIN:NAME`` (:meth:`~steerkit.registry.Registry.qualified`); the bare name is served only when a preference
+    (``--prefer NAME=PLUGIN`` or ``STEERKIT_PREFER``) picks one, else a ``warning:`` says how to pick."""
+    from ..errors import SteerkitError, SteerkitWarning
+    from ..hookspecs import ENV_PREFER
+    from ..registry import get_registry
+    from ..rewards.loading import load_reward
+
+    registry = get_registry()
+    for name, conflict in sorted(registry.conflicts["reward"].items()):
+        refs = []
+        for provider in sorted(conflict.providers, key=registry.qualified):
+            ref = registry.qualified(provider)
+            refs.append(ref)
+            if ref in rewards:
+                continue
+            if conflict.selected is provider and name in rewards:
+                rewards[ref] = rewards[name]  # the preferred provider, already loaded under the bare name
+                continue
+            try:
+                rewards[ref] = load_reward(ref, backend=backend)
+            except SteerkitError as exc:
+                warnings.warn(f"reward {ref!r} is installed but could not be loaded, so it is not served: {exc}",
+                              SteerkitWarning, stacklevel=3)
+        if conflict.selected is not None and name in rewards:
+            continue
+        why = f" ({conflict.problem})" if conflict.problem else ""
+        plugins = " or ".join(ref.rpartition(":")[0] for ref in refs)
+        warnings.warn(f"reward {name!r} is registered by {len(refs)} plugins, so it is not served under the bare name "
+                      f"{name!r}{why}: requests can name {' or '.join(repr(r) for r in refs)}; to serve one of them "
+                      f"as {name!r}, start the server with --prefer {name}=PLUGIN or set {ENV_PREFER}={name}=PLUGIN "
+                      f"(PLUGIN: {plugins}).", SteerkitWarning, stacklevel=3)

@@ -31,6 +31,13 @@ class RewardLookup:
         """The reward served as ``name``; ``context`` (None: as served) asks for that scoring context."""
         reward = self.rewards.get(name)
         if reward is None:
+            qualified = [n for n in self.names() if isinstance(name, str) and ":" not in name
+                         and n.rpartition(":")[2] == name and ":" in n]
+            if qualified:  # a name several plugins register: served only as PLUGIN:NAME (serving/loading.py)
+                raise UnknownRewardError(
+                    f"reward {name!r} is registered by {len(qualified)} plugins, so this server does not serve the "
+                    f"bare name; name one of: {', '.join(repr(n) for n in qualified)} (or start the server with "
+                    f"--prefer {name}=PLUGIN).")
             available = ", ".join(repr(n) for n in self.names()) or "none"
             close = difflib.get_close_matches(name, self.names(), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""

@@ -19,9 +19,8 @@ Graph signature (``L`` layers, ``H`` KV heads, ``d`` head dim; dynamic axes in q
     rewards          float32 ["batch", "new"]                f(head(h)) at every new position
     present_key_i    float32 ["batch", H, "total", d]        past ++ new (and present_value_i)
 
-``total = past + new``. Prefill is the same graph with a zero-length past. ``f`` is the reward config's
-output function (``sigmoid``, or ``clamp`` to [0, 1] for the paper's models), computed inside the graph and
-named in the manifest (``output_function``, and in ``reward_config``).
+``total = past + new``; prefill is the same graph with a zero-length past. ``f``, the reward config's output
+function (``sigmoid``, or ``clamp`` to [0, 1]), is computed inside the graph and named in the manifest.
 
 The *reward hash* identifies the source: for a reward-model directory, the SHA-256 over the sorted
 ``(file name, file SHA-256)`` pairs of its ``reward_config.json`` and ``*.safetensors`` files (the config
@@ -48,14 +47,13 @@ from ...errors import ExportError
 from ...files import atomic_write_text, cache_dir, sha256_file
 from ..model import CONFIG_NAME, RewardModel
 from .manifest import (DATA_FILE, EXPORT_FORMAT, EXPORT_FORMAT_VERSION, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR,
-                            input_names, is_export_dir, output_names, tokenizer_fingerprint)
+                       input_names, is_export_dir, output_names, tokenizer_fingerprint)
 
 DEFAULT_OPSET = 17
 #: graphs whose weights exceed this are saved with external data (protobuf cannot serialise >= 2 GiB)
 EXTERNAL_DATA_THRESHOLD = 2 * 1024**3 - 64 * 1024**2
 #: an export must reproduce the torch model on its probe inputs to this tolerance
 EXPORT_TOLERANCE = 1e-4
-
 INSTALL_HINT = "pip install 'steerkit-rad[onnx]'  (or 'steerkit-rad[onnx-gpu]' for CUDA)"
 
 
@@ -391,14 +389,11 @@ def ensure_cached_export(model_or_dir, *, reward_hash: str | None = None, opset:
     entry = cache_entry(reward_hash, opset)
     if (entry / MANIFEST_NAME).is_file():
         return entry
-    what = source.get("directory") or f"reward model {source['name']!r}"
-    print(f"steerkit: exporting {what} to ONNX for the onnx backend (first use only; about 20 s for a 4-layer "
-          f"model on 2 CPU cores); cached in {entry}", file=sys.stderr, flush=True)
-    start = time.perf_counter()
-    if model is None:
-        model = RewardModel.from_pretrained(model_or_dir)
-    out = _export_into_cache(
-        entry, lambda staging: export_onnx(model, staging, source_hash=reward_hash, source=source, opset=opset))
+    print(f"steerkit: exporting {source.get('directory') or source['name']} to ONNX for the onnx backend (first use "
+          f"only; about 20 s for 4 layers on 2 CPU cores); cached in {entry}", file=sys.stderr, flush=True)
+    start, model = time.perf_counter(), RewardModel.from_pretrained(model_or_dir) if model is None else model
+    out = _export_into_cache(entry, lambda tmp: export_onnx(model, tmp, source_hash=reward_hash, source=source,
+                                                            opset=opset))
     print(f"steerkit: ONNX export done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     return out
 
