@@ -169,15 +169,16 @@ class RewardAugmentedGenerator:
         if batch_size is not None:
             batch_size = validate_int("batch_size", batch_size, hint=" (rows decoded together) or None for all rows")
         formatted = self.format_prompts(prompts, chat_template)
-        self._check_lengths(formatted, params.max_new_tokens)
+        ids = self.tokenizer(formatted, add_special_tokens=False)["input_ids"]  # once per prompt, not per row
+        self._check_lengths(ids, params.max_new_tokens)
         rows = [p for p in prompts for _ in range(num_return_sequences)]
-        row_inputs = [p for p in formatted for _ in range(num_return_sequences)]
-        return self.run(params, row_inputs, rows, eos=eos_ids(self.model, self.tokenizer, eos_token_id),
+        row_ids = [i for i in ids for _ in range(num_return_sequences)]
+        return self.run(params, row_ids, rows, eos=eos_ids(self.model, self.tokenizer, eos_token_id),
                         return_traces=return_traces, batch_size=batch_size, progress=progress)
 
-    def run(self, params: SteerParams, row_inputs: list[str], rows: list[str], *, eos: list[int],
+    def run(self, params: SteerParams, row_ids: list[list[int]], rows: list[str], *, eos: list[int],
             return_traces: bool = False, batch_size: int | None = None, progress: bool = False) -> GenerationOutput:
-        """Decode ``row_inputs`` (what the LM reads; ``rows``: what the rewards see) with validated ``params``,
+        """Decode ``row_ids`` (the ids the LM reads; ``rows``: the texts the rewards see) with validated ``params``,
         in batches of ``batch_size`` rows that share the default RNG (seeded with ``params.seed``)."""
         batch_size = batch_size or len(rows)
         start = time.perf_counter()
@@ -189,7 +190,7 @@ class RewardAugmentedGenerator:
             chunks = range(0, len(rows), batch_size)
             with _Progress(progress, len(chunks), params.max_new_tokens if self.slow else 0) as bar:
                 for lo in chunks:
-                    out = self._generate_batch(row_inputs[lo:lo + batch_size], rows[lo:lo + batch_size], params, eos,
+                    out = self._generate_batch(row_ids[lo:lo + batch_size], rows[lo:lo + batch_size], params, eos,
                                                return_traces, bar)
                     texts += out[0]
                     seqs.append(out[1])
@@ -202,28 +203,27 @@ class RewardAugmentedGenerator:
         return GenerationOutput(rows, texts, sequences, counts, time.perf_counter() - start,
                                 traces if return_traces else None)
 
-    def _check_lengths(self, prompts: list[str], max_new_tokens: int) -> None:
+    def _check_lengths(self, prompt_ids: list[list[int]], max_new_tokens: int) -> None:
         limit = context_length(self.model)
         if limit is None:
             return
-        for i, p in enumerate(prompts):
-            n = len(self.tokenizer(p, add_special_tokens=False)["input_ids"])
+        for i, ids in enumerate(prompt_ids):
+            n = len(ids)
             if n + max_new_tokens > limit:
                 raise PromptTooLongError(
                     f"Prompt {i} has {n} tokens; with max_new_tokens={max_new_tokens} that exceeds the model's "
                     f"context of {limit} tokens. Shorten the prompt or lower max_new_tokens."
                 )
 
-    def _generate_batch(self, prompts, raw_prompts, params: SteerParams, eos, return_traces,
+    def _generate_batch(self, prompt_ids, raw_prompts, params: SteerParams, eos, return_traces,
                         bar: "_Progress | None" = None):
         """One batch through the engine core: rows sharing every setting and the default RNG, prefilled together;
         a finished row stays in the batch (fed padding) until every row has finished or the length is reached."""
         tok = self.tokenizer
         core = EngineCore(self.model, tok, eos=eos, vocab_size=self.vocab_size, shared_rng=True, strict=True,
                           stream_text=False)  # the texts are decoded once at the end
-        ids = tok(prompts, add_special_tokens=False)["input_ids"]
         rows = [Row(raw, row_ids, self.terms, self.k, params.temperature, params.max_new_tokens, list(params.stop),
-                    params.include_stop) for raw, row_ids in zip(raw_prompts, ids)]
+                    params.include_stop) for raw, row_ids in zip(raw_prompts, prompt_ids)]
         core.admit(rows, together=True)
         max_new_tokens = params.max_new_tokens
         generated, trace = [], []

@@ -37,7 +37,7 @@ FORMS = ("rewards must be a mapping of reward references to beta (in JSON: an ob
 Loader = Callable[[str, "str | None"], object]
 
 
-def _param(exc: SteerkitError, param: str) -> SteerkitError:
+def tag_param(exc: SteerkitError, param: str) -> SteerkitError:
     """Tag ``exc`` with the field to blame (the HTTP error body's ``param``)."""
     exc.param = param
     return exc
@@ -260,7 +260,7 @@ class SteerParams:
             try:
                 values[field] = check()
             except SteerkitError as exc:
-                raise _param(exc, names.get(field, field)) from None
+                raise tag_param(exc, names.get(field, field)) from None
         return cls(include_stop=bool(include_stop), trace=bool(trace), **values)
 
     def with_seed(self, seed: int | None) -> "SteerParams":

@@ -167,22 +167,6 @@ def warn_if_slow(k: int, terms: list[SteeringTerm], stacklevel: int = 3) -> bool
     return True
 
 
-def uniform_plan(k: int, terms: list[SteeringTerm], rows: int, temperature: float = 1.0):
-    """The :class:`~steerkit.engine.step.BatchPlan` of ``rows`` rows that share ``k``, ``terms`` and the RNG."""
-    from .engine.step import make_plan
-
-    row = _SharedRow(k, temperature, None, terms)
-    return make_plan([row] * rows, None, shared_rng=True)
-
-
-@dataclass
-class _SharedRow:
-    k: int
-    temperature: float
-    generator: object
-    terms: list
-
-
 def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: list[RewardSession],
              step: int) -> StepResult:
     """Apply RAD to next-token logits [B, V]: keep the top-k, add Σ β ρ, exclude everything else.
@@ -192,9 +176,9 @@ def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: 
     :class:`~steerkit.errors.NonFiniteRewardError` when a reward is NaN/±inf (also for a term with β = 0,
     whose rewards still go into traces) or when β·ρ overflows float32.
     """
-    from .engine.step import raise_non_finite, score_step
+    from .engine.step import raise_non_finite, score_step, shared_plan
 
-    plan = uniform_plan(k, terms, logits.shape[0])
+    plan = shared_plan(k, terms, logits.shape[0])
     keyed = {id(t.reward): s for t, s in zip(terms, sessions)}
     out = score_step(logits, plan, lambda ids: {key: s.score(ids) for key, s in keyed.items()}, [step])
     rewards = {t.name: shaped for t, shaped in zip(terms, out.shaped)}

@@ -130,15 +130,18 @@ class EngineCore:
 
     @property
     def plan(self) -> BatchPlan:
+        """The rows' settings as the step reads them, with each row's batch index and whether any row traces:
+        worked out when rows join or leave, not per step."""
         if self._plan is None:
             self._plan = make_plan(self.rows, self.batch.device, self.shared_rng)
+            self._where = {row: b for b, row in enumerate(self.rows)}
+            self._tracing = any(row.trace for row in self.rows)
         return self._plan
 
     # -- the step ---------------------------------------------------------------------------------------
     def step(self, *, keep_output: bool = False) -> StepReport:
         """One decoding step of every row (finished rows of a shared batch included, fed padding)."""
-        rows, plan = self.rows, self.plan
-        where = {row: b for b, row in enumerate(rows)}
+        rows, plan, where = self.rows, self.plan, self._where
         failed: dict = {}
         seconds: dict[str, float] = {}
 
@@ -156,8 +159,8 @@ class EngineCore:
         tokens, ok = torch.stack([out.tokens, out.ok.to(out.tokens.dtype)]).tolist()  # the step's one read
         if not all(ok):
             self._non_finite(out, [b for b, v in enumerate(ok) if not v], failed)
-        emitted = self._emit(out, tokens, failed)
-        self._commit(out.tokens, where, failed, seconds)
+        emitted, padded = self._emit(out, tokens, failed)
+        self._commit(out.tokens, padded, where, failed, seconds)
         return StepReport(emitted, failed, out if keep_output else None, seconds)
 
     def _non_finite(self, out: StepOutput, bad: list[int], failed: dict) -> None:
@@ -178,12 +181,17 @@ class EngineCore:
             except Exception as exc:  # noqa: BLE001 - this row only
                 failed[row] = exc
 
-    def _emit(self, out: StepOutput, tokens: list[int], failed: dict) -> list[Emitted]:
-        traced = self._traced_rewards(out) if any(row.trace for row in self.rows) else None
-        emitted = []
+    def _emit(self, out: StepOutput, tokens: list[int], failed: dict) -> tuple[list[Emitted], list[int]]:
+        """Each row's token, text and finish; also the positions of rows that had already finished (a shared
+        batch feeds them padding)."""
+        traced = self._traced_rewards(out) if self._tracing else None
+        emitted, padded = [], []
         for b, row in enumerate(self.rows):
             row.steps += 1
-            if row.finished or row in failed:
+            if row.finished:
+                padded.append(b)
+                continue
+            if row in failed:
                 continue
             token = tokens[b]
             row.ids.append(token)
@@ -197,7 +205,7 @@ class EngineCore:
             if traced is not None and row.trace:
                 rewards = {t.name: traced[j][b] for j, t in enumerate(row.terms)}
             emitted.append(Emitted(row, token, delta, finish, rewards))
-        return emitted
+        return emitted, padded
 
     @staticmethod
     def _traced_rewards(out: StepOutput) -> list[list[float]]:
@@ -207,12 +215,10 @@ class EngineCore:
         chosen = (out.topk_ids == out.tokens[:, None]).long().argmax(-1, keepdim=True)
         return torch.stack([s.gather(1, chosen)[:, 0] for s in out.shaped]).tolist()
 
-    def _commit(self, tokens: torch.Tensor, where: dict, failed: dict, seconds: dict) -> None:
+    def _commit(self, tokens: torch.Tensor, padded: list[int], where: dict, failed: dict, seconds: dict) -> None:
         """Tell the reward sessions each row's token (a finished row of a shared batch: its padding)."""
-        pad = self._pad_id()
-        finished = [row.finished and len(row.ids) < row.steps for row in self.rows]
-        if any(finished):
-            tokens = torch.where(torch.tensor(finished, device=tokens.device), pad, tokens)
+        if padded:
+            tokens = tokens.index_fill(0, torch.tensor(padded, device=tokens.device), self._pad_id())
         self.last_tokens, self._stepped = tokens, list(self.rows)
         for group in self.groups.values():
             if group.parts:

@@ -31,6 +31,14 @@ class Part:
     rows: list[Row]
     session: object
     batched: bool  # more rows may join this part (its session supports row changes)
+    _index: tuple = (None, None)  # (the batch's row -> index map it was made for, index tensor)
+
+    def index(self, where: dict, device) -> torch.Tensor:
+        """The batch positions of this part's rows; made again only when the batch's rows changed (the engine
+        core keeps one ``where`` map until rows join or leave)."""
+        if self._index[0] is not where:
+            self._index = (where, torch.tensor([where[r] for r in self.rows], dtype=torch.long, device=device))
+        return self._index[1]
 
 
 class RewardGroup:
@@ -122,7 +130,7 @@ class RewardGroup:
             return self._score(self.parts[0], candidates), failed
         values = torch.zeros(candidates.shape, dtype=torch.float32, device=candidates.device)
         for part in list(self.parts):
-            index = torch.tensor([where[r] for r in part.rows], dtype=torch.long, device=candidates.device)
+            index = part.index(where, candidates.device)
             try:
                 rho = self._score(part, candidates.index_select(0, index))
             except Exception as exc:  # noqa: BLE001
@@ -156,7 +164,7 @@ class RewardGroup:
             self.parts[0].session.commit(tokens)
             return failed
         for part in list(self.parts):
-            index = torch.tensor([where[r] for r in part.rows], dtype=torch.long, device=tokens.device)
+            index = part.index(where, tokens.device)
             try:
                 part.session.commit(tokens.index_select(0, index))
             except Exception as exc:  # noqa: BLE001

@@ -40,6 +40,7 @@ class Slot:
     groups: list  # [(index [b] or None, reward key, transform or None)]
     terms: list  # per batch row: its j-th SteeringTerm, or None
     shared: object  # the one SteeringTerm every row has here (generate, the LogitsProcessor), else None
+    constant: torch.Tensor | None = None  # [B] β of rows whose terms' β never changes: made once, not per step
 
 
 @dataclass
@@ -51,6 +52,7 @@ class BatchPlan:
     temperatures: list[float]  # per row; 0 = greedy
     generators: list | None  # per row torch.Generator (None: greedy); None for the whole list: the shared RNG
     slots: list[Slot]
+    sampling: "Sampling | None" = None  # how the rows draw, worked out once from temperatures and generators
 
     @property
     def size(self) -> int:
@@ -74,9 +76,22 @@ def make_plan(rows: Sequence, device, shared_rng: bool) -> BatchPlan:
             index = None if len(members) == len(rows) else torch.tensor(members, dtype=torch.long, device=device)
             groups.append((index, id(term.reward), term.transform))
         shared = terms[0] if all(t is terms[0] for t in terms) else None
-        slots.append(Slot(groups, terms, shared))
+        constant = None
+        if shared is None and all(t is None or t.schedule.kind == "constant" for t in terms):
+            constant = torch.tensor([0.0 if t is None else t.schedule.beta for t in terms], dtype=torch.float32,
+                                    device=device)
+        slots.append(Slot(groups, terms, shared, constant))
     generators = None if shared_rng else [row.generator for row in rows]
-    return BatchPlan(K, k, [row.temperature for row in rows], generators, slots)
+    temperatures = [row.temperature for row in rows]
+    return BatchPlan(K, k, temperatures, generators, slots, sampling_plan(temperatures, generators, device))
+
+
+def shared_plan(k: int, terms: list, rows: int, temperature: float = 1.0) -> BatchPlan:
+    """The plan of ``rows`` rows that share ``k``, ``terms`` (in order) and the RNG, built without looking at
+    each row (the ``LogitsProcessor`` builds one per call)."""
+    slots = [Slot([(None, id(t.reward), t.transform)], [t] * rows, t) for t in terms]
+    temperatures = [temperature] * rows
+    return BatchPlan(k, None, temperatures, None, slots, sampling_plan(temperatures, None))
 
 
 @dataclass
@@ -90,7 +105,7 @@ class StepOutput:
     topk_logits: torch.Tensor  # [B, K]
     combined: torch.Tensor  # [B, K]: z + Σ β ρ (before the k mask)
     shaped: list[torch.Tensor]  # per slot: [B, K] shaped rewards (0 for rows without that slot)
-    betas: list  # per slot: a float, or [B] floats
+    betas: list  # per slot: a float, or a [B] tensor
     scores: torch.Tensor  # [B, V]: the shifted scores sampled from
 
 
@@ -99,11 +114,15 @@ def candidates(logits: torch.Tensor, K: int) -> tuple[torch.Tensor, torch.Tensor
     return logits.float().topk(K, dim=-1)
 
 
-def slot_betas(slot: Slot, steps: Sequence[int]) -> float | list[float]:
-    """β of every row in this slot at each row's step (0 for rows without the slot's term)."""
+def slot_betas(slot: Slot, steps: Sequence[int], device=None) -> float | torch.Tensor:
+    """β of every row in this slot at each row's step (0 for rows without the slot's term): one Python float
+    when every row shares the term, else a float32 tensor [B] (the plan's, when no β in the slot changes)."""
     if slot.shared is not None and (slot.shared.schedule.kind == "constant" or len(set(steps)) == 1):
         return slot.shared.weight(steps[0])  # one Python float, as a batch sharing its terms always used
-    return [0.0 if t is None else t.weight(s) for t, s in zip(slot.terms, steps)]
+    if slot.constant is not None:
+        return slot.constant
+    return torch.tensor([0.0 if t is None else t.weight(s) for t, s in zip(slot.terms, steps)],
+                        dtype=torch.float32, device=device)
 
 
 def combine_slots(z: torch.Tensor, plan: BatchPlan, rho: dict, betas: list) -> tuple[torch.Tensor, list, torch.Tensor]:
@@ -120,7 +139,7 @@ def combine_slots(z: torch.Tensor, plan: BatchPlan, rho: dict, betas: list) -> t
             if beta:
                 combined = combined + beta * values
         else:
-            combined = combined + torch.tensor(beta, dtype=combined.dtype, device=combined.device)[:, None] * values
+            combined = combined + beta.to(combined.device, combined.dtype)[:, None] * values
     return combined, shaped, reward_sum
 
 
@@ -158,42 +177,67 @@ def shifted_scores(combined: torch.Tensor, ids: torch.Tensor, vocab_size: int) -
     return scores.scatter_(1, ids, shifted)
 
 
-def sample(scores: torch.Tensor, temperatures: Sequence[float], generators: list | None) -> torch.Tensor:
+@dataclass
+class Sampling:
+    """How a batch's rows choose, worked out once per batch (not per step) from their temperatures and
+    generators: which rows are greedy, which rows are divided by which temperature, who draws from what."""
+
+    greedy: torch.Tensor | None  # [B] bool where some but not all rows are greedy
+    all_greedy: bool
+    scale: list  # [(T, row index or None for all rows)]; empty: no division (every sampled row has T = 1)
+    draws: list | None  # [(row, generator or None for a greedy row)]; None: one draw from the shared RNG
+
+
+def sampling_plan(temperatures: Sequence[float], generators: list | None, device=None) -> Sampling:
+    greedy = [t == 0 for t in temperatures]
+    values = {t for t in temperatures if t != 0}
+    if values == {1.0}:
+        scale = []  # x / 1.0 == x exactly: one pass over [B, V] saved
+    elif len(values) == 1 and len(values) == len(set(temperatures)):
+        scale = [(next(iter(values)), None)]
+    else:
+        scale = [(t, torch.tensor([b for b, v in enumerate(temperatures) if v == t], dtype=torch.long,
+                                  device=device)) for t in values]
+    mask = torch.tensor(greedy, device=device) if any(greedy) and not all(greedy) else None
+    draws = None if generators is None else [(b, None if greedy[b] else g) for b, g in enumerate(generators)]
+    return Sampling(mask, all(greedy), scale, draws)
+
+
+def sample(scores: torch.Tensor, temperatures: Sequence[float], generators: list | None,
+           plan: Sampling | None = None) -> torch.Tensor:
     """Each row's token [B]: argmax where its temperature is 0, else a draw from softmax(scores / T).
 
     ``generators`` None: the sampled rows share the default RNG, one ``[B, V]`` draw (``torch.multinomial`` on
     the batch); else each sampled row draws ``[1, V]`` from its own generator (``torch.multinomial`` on that
     row alone). Rows of one temperature are divided by it as a Python float, as ``generate`` always did.
+    ``plan``: the batch's :class:`Sampling` (else worked out from ``temperatures`` and ``generators``).
     """
-    greedy = [t == 0 for t in temperatures]
-    if all(greedy):
+    plan = plan or sampling_plan(temperatures, generators, scores.device)
+    if plan.all_greedy:
         return scores.argmax(-1)
-    probs = torch.softmax(_scale(scores, temperatures), dim=-1)
+    probs = torch.softmax(_scale(scores, plan.scale), dim=-1)
     noise = torch.empty_like(probs)
-    if generators is None:
+    if plan.draws is None:
         noise.exponential_(1)
     else:  # a row of the noise is drawn in place: the same numbers as a fresh [1, V] tensor (tested)
-        for b, g in enumerate(generators):
-            if greedy[b]:
+        for b, g in plan.draws:
+            if g is None:
                 noise[b].fill_(1.0)
             else:
                 noise[b].exponential_(1, generator=g)
     tokens = probs.div_(noise).argmax(-1)
-    if any(greedy):
-        mask = torch.tensor(greedy, device=scores.device)
-        tokens = torch.where(mask, scores.argmax(-1), tokens)
+    if plan.greedy is not None:
+        tokens = torch.where(plan.greedy, scores.argmax(-1), tokens)
     return tokens
 
 
-def _scale(scores: torch.Tensor, temperatures: Sequence[float]) -> torch.Tensor:
-    values = {t for t in temperatures if t != 0}
-    if values == {1.0}:
-        return scores  # x / 1.0 == x exactly: one pass over [B, V] saved
-    if len(values) == 1 and len(values) == len(set(temperatures)):
-        return scores / next(iter(values))
+def _scale(scores: torch.Tensor, scale: list) -> torch.Tensor:
+    if not scale:
+        return scores
+    if len(scale) == 1 and scale[0][1] is None:
+        return scores / scale[0][0]
     scaled = scores.clone()
-    for t in values:
-        index = torch.tensor([b for b, v in enumerate(temperatures) if v == t], dtype=torch.long, device=scores.device)
+    for t, index in scale:
         scaled.index_copy_(0, index, scores.index_select(0, index) / t)
     return scaled
 
@@ -204,7 +248,7 @@ def score_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Ten
     [B, K]}``), Σ β ρ per slot, the per-row ``ok``, each row's k mask and the shifted scores [B, V]."""
     z, ids = candidates(logits, plan.K)
     rho = score(ids)
-    betas = [slot_betas(slot, steps) for slot in plan.slots]
+    betas = [slot_betas(slot, steps, z.device) for slot in plan.slots]
     combined, shaped, reward_sum = combine_slots(z, plan, rho, betas)
     in_k = None
     if plan.k is not None:
@@ -219,7 +263,7 @@ def rad_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Tenso
              steps: Sequence[int]) -> StepOutput:
     """One RAD step over a batch: :func:`score_step`, then each row's choice (:func:`sample`)."""
     out = score_step(logits, plan, score, steps)
-    out.tokens = sample(out.scores, plan.temperatures, plan.generators)
+    out.tokens = sample(out.scores, plan.temperatures, plan.generators, plan.sampling)
     return out
 
 

@@ -4,16 +4,11 @@ messages match ``steerkit.generate`` and config files), each error tagged with `
 from __future__ import annotations
 
 from ..errors import InvalidArgumentError, PromptTooLongError, SteerkitError
-from ..params import SteerParams
+from ..params import SteerParams, tag_param
 from ..validators import check_unicode
 from ..engine.rows import Row
 from .requests import RowSpec
 from .row_terms import row_terms
-
-
-def _param(exc: SteerkitError, param: str) -> SteerkitError:
-    exc.param = param  # the RowSpec field to blame (the HTTP layer's error body names it)
-    return exc
 
 
 def prepare_rows(engine, specs, handles) -> list[Row] | None:
@@ -49,12 +44,12 @@ def _check_fields(engine, spec: RowSpec, terms: dict) -> dict:
         raise InvalidArgumentError(f"expected a RowSpec, got {type(spec).__name__}")
     prompt = spec.prompt
     if not isinstance(prompt, str) or not prompt:
-        raise _param(InvalidArgumentError(f"The prompt is empty or not a string ({prompt!r:.40}); give some "
-                                          "text."), "prompt")
+        raise tag_param(InvalidArgumentError(f"The prompt is empty or not a string ({prompt!r:.40}); give some "
+                                             "text."), "prompt")
     try:
         check_unicode(prompt, "The prompt")
     except SteerkitError as exc:
-        raise _param(exc, "prompt") from None
+        raise tag_param(exc, "prompt") from None
     rewards = engine.default_rewards if spec.rewards is None else spec.rewards
     params = SteerParams.create(max_new_tokens=spec.max_tokens, k=spec.k, temperature=spec.temperature,
                                 seed=spec.seed, stop=spec.stop, include_stop=spec.include_stop, trace=spec.trace,
@@ -65,7 +60,7 @@ def _check_fields(engine, spec: RowSpec, terms: dict) -> dict:
         try:
             terms[id(rewards)] = row_terms(rewards, engine.lookup)
         except SteerkitError as exc:
-            raise _param(exc, "rewards") from None
+            raise tag_param(exc, "rewards") from None
     return {"max_tokens": params.max_new_tokens, "temperature": params.temperature, "k": k, "seed": params.seed,
             "stop": list(params.stop), "timeout_s": params.timeout_s, "rewards": terms[id(rewards)]}
 
@@ -73,9 +68,9 @@ def _check_fields(engine, spec: RowSpec, terms: dict) -> dict:
 def _prompt_ids(engine, prompt: str, max_tokens: int) -> list[int]:
     ids = engine.tokenizer(prompt, add_special_tokens=False)["input_ids"]
     if not ids:
-        raise _param(InvalidArgumentError("The prompt encodes to no tokens; give some text."), "prompt")
+        raise tag_param(InvalidArgumentError("The prompt encodes to no tokens; give some text."), "prompt")
     if engine.context is not None and len(ids) + max_tokens > engine.context:
-        raise _param(PromptTooLongError(
+        raise tag_param(PromptTooLongError(
             f"The prompt has {len(ids)} tokens; with max_tokens={max_tokens} that exceeds the "
             f"model's context of {engine.context} tokens. Shorten the prompt or lower max_tokens."), "prompt")
     return ids
