@@ -2,24 +2,48 @@
 
     import steerkit
     out = steerkit.generate(["The movie was"], rewards={"sentiment": 20}, k=20, max_new_tokens=20)
+
+``import steerkit`` is cheap: the public API below is imported on first use (a PEP 562 module ``__getattr__``), so
+``steerkit --help``, ``from steerkit import hookimpl`` in a plugin, or ``steerkit.errors`` load neither torch nor
+transformers until something that needs them (``steerkit.generate``, ``steerkit.RewardModel``, ...) is touched.
 """
 
-from .assembly import generate
-from .decoding import GenerationOutput, RewardAugmentedGenerator
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from .errors import (
     CheckpointError, ConfigError, DataError, ExportError, InvalidArgumentError, ModelFormatError, ModelIntegrityError,
     ModelNotFoundError, ModelNotInstalledError, NonFiniteRewardError, OutputExistsError, PluginConflictError,
     PluginError, PromptTooLongError, RewardModelFormatError, SteerkitError, SteerkitWarning, UnsafeModelError,
 )
-from .hf import RewardAugmentedLogitsProcessor
-from .models import load_causal_lm, load_tokenizer, resolve
-from .registry import hookimpl
-from .rewards.loading import load_reward
-from .rewards.model import RewardModel
-from .rewards.sequence.scorer import RewardModelScorer
-from .steering import BetaSchedule, SteeringTerm
+
+if TYPE_CHECKING:  # what _LAZY imports on first use (and what type checkers and import graphs see)
+    from .assembly import generate
+    from .decoding import GenerationOutput, RewardAugmentedGenerator
+    from .hf import RewardAugmentedLogitsProcessor
+    from .models import load_causal_lm, load_tokenizer, resolve
+    from .registry import hookimpl
+    from .rewards.loading import load_reward
+    from .rewards.model import RewardModel
+    from .rewards.sequence.scorer import RewardModelScorer
+    from .steering import BetaSchedule, SteeringTerm
 
 __version__ = "0.1.0"
+
+#: The public names imported on first use, and the module each comes from.
+_LAZY = {
+    "generate": ".assembly",
+    "GenerationOutput": ".decoding", "RewardAugmentedGenerator": ".decoding",
+    "RewardAugmentedLogitsProcessor": ".hf",
+    "load_causal_lm": ".models", "load_tokenizer": ".models", "resolve": ".models",
+    "hookimpl": ".registry",
+    "load_reward": ".rewards.loading",
+    "RewardModel": ".rewards.model",
+    "RewardModelScorer": ".rewards.sequence.scorer",
+    "BetaSchedule": ".steering", "SteeringTerm": ".steering",
+}
 
 __all__ = [
     "generate", "GenerationOutput", "RewardAugmentedGenerator", "RewardAugmentedLogitsProcessor",
@@ -29,3 +53,17 @@ __all__ = [
     "PluginError", "ConfigError", "DataError", "CheckpointError", "ExportError", "ModelFormatError",
     "UnsafeModelError", "PluginConflictError", "SteerkitWarning", "NonFiniteRewardError", "OutputExistsError",
 ]
+
+
+def __getattr__(name: str):
+    """A public name of :data:`_LAZY`, imported from its module on first use (then cached on the package)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -38,12 +38,12 @@ class Assembled:
         return self.generator().generate(prompts, **{**self.defaults, **kwargs})
 
 
-def assemble(lm="smollm2-135m-instruct", rewards=None, *, k: int = 20, backend: str = "torch",
+def assemble(lm="smollm2-135m-instruct", rewards=None, *, k: int = 20, backend: str = "auto",
              device: str | None = None, load: Callable | None = None, defaults: dict | None = None) -> Assembled:
     """Set up steering: ``lm`` is a model reference (packaged name, directory, .gguf file, hub id) or a
     ``(model, tokenizer)`` pair; ``rewards`` any form :func:`steerkit.params.parse_rewards` reads; ``load``
     (``load(reference, context)``) finds rewards by reference (default: the registry and reward-model
-    directories, for ``backend``)."""
+    directories, for ``backend``; ``"auto"``: an ONNX export runs on ``onnx``, anything else on ``torch``)."""
     from .devices import place, resolve_device
     from .models import load_causal_lm_cached
     from .params import parse_rewards, resolve_terms
@@ -73,12 +73,13 @@ def generation_settings(config) -> dict:
 
 
 def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", rewards=None, k: int = 20,
-             backend: str = "torch", device: str | None = None, **kwargs) -> GenerationOutput:
+             backend: str = "auto", device: str | None = None, **kwargs) -> GenerationOutput:
     """Steered generation in one call.
 
     ``lm`` is a model reference (packaged name, directory, .gguf file, hub id) or a ``(model, tokenizer)``
     pair; ``rewards`` maps reward references (registered names or reward-model directories) or
-    :class:`~steerkit.rewards.base.Reward` objects to β. Other keyword arguments follow
+    :class:`~steerkit.rewards.base.Reward` objects to β; ``backend`` runs them (``"auto"``, the default: an ONNX
+    export directory on ``onnx``, anything else on ``torch``). Other keyword arguments follow
     ``transformers``' ``generate``: ``max_new_tokens``, ``do_sample``, ``temperature``,
     ``num_return_sequences``, ``eos_token_id``, ``stop_strings``, plus ``seed``, ``chat_template``,
     ``return_traces``, ``batch_size`` and ``progress``. ``device`` (cpu, cuda, …) moves the LM and the

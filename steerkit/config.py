@@ -20,7 +20,7 @@ from .params import RewardSpec  # noqa: F401 (the config's reward entries; steer
 
 
 def check_backend_name(name: str) -> str:
-    """A registered reward backend (``torch``, ``onnx`` or a plugin's); the error lists the registered ones."""
+    """A registered reward backend (``torch``, ``onnx`` or a plugin's) or ``auto``; the error lists them."""
     from .rewards.backends import check_backend
 
     return check_backend(name)
@@ -56,7 +56,7 @@ class SteeringConfig(ValidatedConfig):
     num_return_sequences: int = Field(default=1, ge=1)
     seed: int | None = None
     chat_template: bool = False
-    backend: BackendName = "torch"
+    backend: BackendName = "auto"  # each reward picks: an ONNX export runs on onnx, anything else on torch
     device: DeviceName = None  # torch device for the LM and torch reward models: cpu (default), cuda, cuda:1, mps
     prompts: list[str] = []
 

@@ -104,14 +104,15 @@ def resolve_device(name) -> str:
 def move_reward(reward, device: str):
     """Put a reward's model on ``device`` as its backend does it (``torch`` moves the model; ``onnx`` leaves it
     to onnxruntime's providers). A reward without a ``model`` stays put; one without a ``backend`` attribute
-    runs on the default backend; one naming a backend nobody registers stays put too."""
-    from .rewards.backends import DEFAULT_BACKEND, get_backend
+    runs on the one ``"auto"`` gives a reward without a directory (``torch``); one naming a backend nobody registers
+    stays put too."""
+    from .rewards.backends import DEFAULT_BACKEND, get_backend, resolve_backend
 
     model = getattr(reward, "model", None)
     if model is None:
         return reward
     try:
-        backend = get_backend(getattr(reward, "backend", DEFAULT_BACKEND))
+        backend = get_backend(resolve_backend(getattr(reward, "backend", DEFAULT_BACKEND)))
     except InvalidArgumentError:  # a custom reward's own notion of a backend: not ours to move
         return reward
     backend.to_device(model, device)

@@ -45,9 +45,9 @@ class HookSpecs:
 
         ``factory`` is called when the reward is used, never at registration, so registering stays cheap.
         It is called with the keyword arguments ``backend`` (a registered backend name, see
-        :meth:`register_reward_backends`; ``"torch"`` by default) and ``context`` (``"continuation"`` scores
-        only the generated text, ``"full"`` the prompt plus generated text), but only those it declares (or all
-        of them if it takes ``**kwargs``); a factory that does not declare ``backend`` only supports ``"torch"``. It returns a :class:`steerkit.rewards.base.Reward`:
+        :meth:`register_reward_backends`; never ``"auto"``, the default: where the user names no backend it is
+        ``"torch"``) and ``context`` (``"continuation"`` scores only the generated text, ``"full"`` the prompt
+        plus generated text), but only those it declares (or all of them if it takes ``**kwargs``); a factory that does not declare ``backend`` only supports ``"torch"``. It returns a :class:`steerkit.rewards.base.Reward`:
         an object with a ``name`` and ``start(prefixes, lm_tokenizer) -> RewardSession``, whose session
         has ``score(candidates [B, k] LM token ids) -> [B, k]`` rewards in [0, 1] and
         ``commit(tokens [B])``. :func:`steerkit.rewards.packaged.reward_model_factory` builds a factory for a trained reward-model
@@ -82,8 +82,10 @@ class HookSpecs:
         directory (or a directory in the backend's own format, such as an ONNX export) into a model with
         ``config``, ``tokenizer`` and ``encode(texts)``; ``new_cache(model, input_ids, attention_mask)``
         returns its incremental scoring cache (:class:`steerkit.rewards.cache.SharedPrefixCache` holds the
-        bookkeeping a backend can reuse); ``to_device(model, device)`` moves the model, or leaves it where it is.
-        Every reward-model directory and every registered reward loads through this table.
+        bookkeeping a backend can reuse); ``to_device(model, device)`` moves the model, or leaves it where it is;
+        ``recognizes(directory) -> bool`` (optional) claims a directory in the backend's own format, which the
+        default backend ``"auto"`` then runs on it (``onnx`` claims ONNX exports; anything unclaimed runs on
+        ``torch``). Every reward-model directory and every registered reward loads through this table.
 
         ``description`` is one line shown by ``steerkit plugins``.
         """

@@ -82,16 +82,19 @@ def save_tiny_reward(root, tokenizer, *, name: str, layers: int = 1, backbone_se
 class ServerThread:
     """``with ServerThread(app) as server:`` uvicorn serving ``app`` on ``server.url`` until the block ends."""
 
-    def __init__(self, app, *, graceful_s: float = 5.0):
+    def __init__(self, app, *, graceful_s: float = 5.0, **config):
+        """``config``: :func:`steerkit.serving.http_protocol.uvicorn_config`'s limits (``max_connections``,
+        ``header_timeout_s``, ``keep_alive_s``): the server runs the protocol and limits ``steerkit serve`` runs."""
         import uvicorn
+
+        from steerkit.serving.http_protocol import uvicorn_config
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=graceful_s, access_log=False)
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", graceful_s=graceful_s, **config))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> "ServerThread":

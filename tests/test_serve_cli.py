@@ -163,3 +163,24 @@ def test_ray_replicas_without_ray_serve_is_a_typed_error(capsys, monkeypatch):
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.startswith("error:") and 'pip install "steerkit-rad[ray]"' in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("key", [None, "sk-set"])
+def test_listening_beyond_loopback_without_a_key_warns(key):
+    """Issue 24: a one-line warning when bound to anything but loopback without --api-key. 192.0.2.1 is a
+    documentation address (RFC 5737) this machine does not have, so nothing is ever bound: the command warns, then
+    fails with its one `error:` line."""
+    env = {**os.environ, "STEERKIT_PLUGINS": ""}
+    env.pop("STEERKIT_API_KEY", None)
+    if key:
+        env["STEERKIT_API_KEY"] = key
+    done = subprocess.run([sys.executable, "-m", "steerkit", "serve", "--host", "192.0.2.1", "--port",
+                           str(free_port())], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: cannot listen on 192.0.2.1")
+    warned = [line for line in lines if line.startswith("warning:")]
+    if key:
+        assert not warned
+    else:
+        assert len(warned) == 1 and "without an API key" in warned[0] and "--api-key" in warned[0]

@@ -102,7 +102,9 @@ def test_bad_completion_request(server, body, status, param, words):
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "string or a list of text parts"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages.0.content",
      "images and audio are not supported"),
-    ({"messages": [{"role": "user", "content": "  "}]}, None, "all empty"),
+    ({"messages": [{"role": "user", "content": "  "}]}, "messages", "all empty"),  # issue 24 item 6: param named
+    ({"messages": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "ab\ud800c"}]},
+     "messages.1.content", "at position 2"),  # the position in the user's own text, not in the templated prompt
     ({"messages": [{"role": "user", "content": "hi"}], "rewards": {"tiny": float("nan")}}, "rewards", "finite"),
     ({"messages": [{"role": "user", "content": "hi " * 300}], "max_tokens": 5}, "messages", "context"),
 ])
@@ -117,8 +119,6 @@ def test_bad_chat_request(server, body, param, words):
     (b'{"prompt": "hi", "rewards": {"tiny": NaN}}', {"content-type": "application/json"}, "finite"),
     (b'{"prompt": "hi", "rewards": {"tiny": Infinity}}', {"content-type": "application/json"}, "finite"),
     (b'["hi"]', {"content-type": "application/json"}, "must be a JSON object"),
-    (b'prompt=hi', {"content-type": "application/x-www-form-urlencoded"}, "not valid JSON"),
-    (b'<prompt>hi</prompt>', {"content-type": "application/xml"}, "must be a JSON object"),
     (b'\xff\xfe', {"content-type": "application/json"}, "not valid JSON"),
     (b'', {"content-type": "application/json"}, "body is empty"),
     (b'[' * 100_000, {"content-type": "application/json"}, "nested too deeply"),
@@ -156,8 +156,13 @@ def test_the_server_still_serves_after_every_bad_request(server):
     assert server.engine.stats()["running"] == 0
 
 
-def test_curl_without_a_content_type_is_read_as_json(server):
-    """`curl -d '{...}'` sends application/x-www-form-urlencoded: the body is still read as the JSON it is."""
-    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "Hello", "max_tokens": 2}',
-                   headers={"content-type": "application/x-www-form-urlencoded"}, timeout=30)
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+@pytest.mark.parametrize("headers", [{"content-type": "application/x-www-form-urlencoded"},
+                                     {"content-type": "text/plain"}, {"content-type": "application/xml"}, {}])
+def test_a_body_that_is_not_declared_json_is_refused_415(server, headers):
+    """A web page may POST a form, text/plain or a typeless body to any origin without a CORS preflight, never
+    JSON: the API takes only `Content-Type: application/json` (issue 24 item 4; `curl -d` needs
+    `-H 'Content-Type: application/json'`), and says how to send it."""
+    r = httpx.post(server.url + "/v1/completions", content=b'{"prompt": "Hello", "max_tokens": 2}', headers=headers,
+                   timeout=30)
+    error = assert_error_body(r, 415, "Content-Type", "application/json")
+    assert error["code"] == "unsupported_media_type"

@@ -44,7 +44,7 @@ def browser(width: int = 1400, height: int = 1000):
 
 
 def drive(url: str, *, prompt: str | None = None, betas: dict | None = None, max_tokens: int = 24,
-          screenshot: str | None = None, timeout: float = 60):
+          screenshot: str | None = None, timeout: float = 60, api_key: str | None = None):
     """Open the playground, set the prompt and sliders, generate, wait for both panes; returns what they show."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -54,6 +54,10 @@ def drive(url: str, *, prompt: str | None = None, betas: dict | None = None, max
     try:
         driver.get(url + "/")
         wait = WebDriverWait(driver, timeout)
+        if api_key is not None:  # the page finds out from the 401 of GET /v1/models and asks for the key
+            wait.until(lambda d: d.find_element(By.ID, "key-box").is_displayed())
+            box = driver.find_element(By.ID, "api-key")
+            box.send_keys(api_key, Keys.ENTER)
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#rewards input[type=range]"))
         if prompt is not None:
             box = driver.find_element(By.ID, "prompt")
@@ -102,13 +106,26 @@ def test_the_playground_streams_both_panes_in_chromium(tmp_path):
         check(result, engine, server_url, shot)
 
 
-def api_text(url: str, body: dict) -> str:
+def test_the_playground_asks_for_the_api_key_of_a_server_that_wants_one(tmp_path):
+    """``steerkit serve --api-key``: the page gets a 401 from GET /v1/models, shows the key field, and with the key
+    typed in streams both panes as without one (issue 24)."""
+    engine = tiny_engine(tiny_parts(), max_running=4, max_queue=8)
+    settings = ServerSettings(timeout_s=60, api_key="sk-playground")
+    with ServerThread(create_app(engine, settings=settings)) as server:
+        shot = str(tmp_path / "playground-key.png")
+        result = drive(server.url, prompt="The quick brown", betas={"tiny": 40}, max_tokens=12, screenshot=shot,
+                       api_key="sk-playground")
+        check(result, engine, server.url, shot, api_key="sk-playground")
+
+
+def api_text(url: str, body: dict, api_key: str | None = None) -> str:
     import httpx
 
-    return httpx.post(url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60).json()["choices"][0]["text"]
 
 
-def check(result, engine, server_url, shot):
+def check(result, engine, server_url, shot, api_key: str | None = None):
     assert result["moved"] == {"tiny": 40} and result["labels"] == {"tiny": "40"} and result["shade"] == "tiny"
     assert all(result[pane]["tokens"] >= 1 for pane in ("unsteered", "steered")), result
     assert result["steered"]["meta"] == "tiny=40" and result["unsteered"]["meta"] == "every β = 0"
@@ -120,5 +137,5 @@ def check(result, engine, server_url, shot):
     assert engine.stats()["running"] == 0
     # the unsteered pane (every β = 0) shows what an unsteered request (rewards: {}) generates
     plain = {"prompt": "The quick brown", "max_tokens": 12, "temperature": 1, "seed": 0, "k": engine.default_k}
-    assert result["unsteered"]["text"] == api_text(server_url, {**plain, "rewards": {}})
-    assert result["steered"]["text"] == api_text(server_url, {**plain, "rewards": {"tiny": 40}})
+    assert result["unsteered"]["text"] == api_text(server_url, {**plain, "rewards": {}}, api_key)
+    assert result["steered"]["text"] == api_text(server_url, {**plain, "rewards": {"tiny": 40}}, api_key)

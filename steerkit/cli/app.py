@@ -15,7 +15,8 @@ import typer
 
 from .. import threads as _threads
 
-COMMAND_MODULES = ("generate", "score", "setup", "train", "plugins", "export", "evaluate", "import_cmd", "serve")
+COMMAND_MODULES = ("generate", "score", "calibrate", "setup", "train", "plugins", "export", "evaluate", "import_cmd",
+                   "serve")
 
 
 def _root(threads: Optional[int] = typer.Option(None, "--threads", help=_threads.HELP, show_default=False)):

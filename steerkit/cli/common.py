@@ -1,11 +1,18 @@
 """What the command modules share: the stderr console, and ``REF=BETA`` reward flags read by the one parser of
-rewards input (:func:`steerkit.params.parse_reward_string`)."""
+rewards input (:func:`steerkit.params.parse_reward_string`).
+
+Light to import (no torch): every command module imports it, and ``steerkit --help`` imports every command module."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-from ..params import parse_reward_string as parse_reward_weight  # noqa: F401 (the --reward flags' parser)
+
+def parse_reward_weight(text: str) -> tuple[str, float]:
+    """The ``--reward REF=BETA`` flags' parser: :func:`steerkit.params.parse_reward_string` (imported when used)."""
+    from ..params import parse_reward_string
+
+    return parse_reward_string(text)
 
 
 class MessageConsole(Console):

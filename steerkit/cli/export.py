@@ -23,8 +23,8 @@ def export_onnx_command(
 ):
     """Export a reward model (backbone + head, past/present KV) to ONNX with a verifiable manifest.
 
-    Use the result with --backend onnx by passing DIR as the reward reference, e.g.
-    steerkit generate "Hello" --reward DIR=-10 --backend onnx
+    Use the result by passing DIR as the reward reference: it runs on onnxruntime (the default backend, auto, runs
+    an export on onnx), e.g. steerkit generate "Hello" --reward DIR=-10
     """
     from ..errors import ExportError
     from ..rewards.kinds import kind_of_reference

@@ -6,20 +6,23 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from .. import threads as _threads
-from ..assembly import assemble_config
-from ..config import SteeringConfig
 from ..errors import DataError, InvalidArgumentError
+from ..models import DEFAULT_LM
 from . import scaling as _scaling
 from .common import err, parse_reward_weight
 
-# Defaults shown in --help (SteeringConfig's); the options default to None so that a --config file can set them.
-_DEFAULTS = {name: field.default for name, field in SteeringConfig.model_fields.items()}
-_DEFAULTS["n"] = _DEFAULTS["num_return_sequences"]
+if TYPE_CHECKING:
+    from ..config import SteeringConfig
+
+# Defaults shown in --help: SteeringConfig's (tests/unit/test_cli_import_cost.py checks that they agree), written
+# out because steerkit.config imports torch and --help must not. The options default to None so that a --config
+# file can set them.
+_DEFAULTS = {"lm": DEFAULT_LM, "k": 20, "n": 1, "max_new_tokens": 20, "temperature": 1.0}
 
 
 def generate(
@@ -39,7 +42,8 @@ def generate(
     greedy: bool = typer.Option(False, "--greedy", help="Argmax instead of sampling."),
     chat: bool = typer.Option(False, "--chat", help="Wrap prompts in the LM's chat template."),
     stop: List[str] = typer.Option([], "--stop", help="Stop string, repeatable."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch or onnx. \\[default: torch]"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch, onnx or auto (an ONNX "
+                                          "export runs on onnx, anything else on torch). \\[default: auto]"),
     device: Optional[str] = typer.Option(None, "--device", help="torch device: cpu, cuda, cuda:1, mps. \\[default: cpu]"),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="SteeringConfig YAML/TOML/JSON file."),
     prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="UTF-8 text file, one prompt per line."),
@@ -60,6 +64,9 @@ def generate(
     gpus_per_actor: Optional[float] = _scaling.GPUS_OPTION,
 ):
     """Generate steered continuations."""
+    from ..assembly import assemble_config
+    from ..config import SteeringConfig
+
     cfg = SteeringConfig.from_file(config) if config else SteeringConfig()
     overrides = {"lm": lm, "k": k, "num_return_sequences": n, "max_new_tokens": max_new_tokens,
                  "temperature": temperature, "seed": seed, "backend": backend, "device": device}

@@ -29,7 +29,8 @@ def serve(
     reward: List[str] = typer.Option([], "--reward", "-r", help="REF=BETA, repeatable: the default steering "
                                      "(requests may override it). \\[default: none]"),
     k: Optional[int] = typer.Option(None, "--k", "-k", help="Default top-k candidates per step. \\[default: 20]"),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch or onnx. \\[default: torch]"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch, onnx or auto (an ONNX "
+                                          "export runs on onnx, anything else on torch). \\[default: auto]"),
     max_running: int = typer.Option(16, "--max-running", min=1, help="Rows decoded together at most."),
     max_queue: int = typer.Option(64, "--max-queue", min=1, help="Rows waiting at most; beyond it: HTTP 429."),
     timeout: float = typer.Option(300.0, "--timeout", min=0.0, help="Seconds a request may take from admission "
@@ -51,11 +52,34 @@ def serve(
     prefer: List[str] = typer.Option([], "--prefer", metavar="NAME=PLUGIN", help="Repeatable: serve PLUGIN's "
                                      "reward as NAME when several plugins register NAME (like STEERKIT_PREFER; "
                                      "the others stay available as PLUGIN:NAME)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="STEERKIT_API_KEY", show_default=False,
+                                          help="Require `Authorization: Bearer KEY` on /v1/* (also "
+                                          "$STEERKIT_API_KEY). \\[default: none]"),
+    allowed_hosts: List[str] = typer.Option([], "--allowed-hosts", metavar="NAME", help="Repeatable: a Host "
+                                            "header name to answer besides the bound address ('*': any)."),
+    allowed_origins: List[str] = typer.Option([], "--allowed-origins", metavar="ORIGIN", help="Repeatable: a web "
+                                              "origin that may call the API from a browser (CORS). \\[default: none]"),
+    max_k_sequence: int = typer.Option(200, "--max-k-sequence", min=1, help="Largest k a row may use with a "
+                                       "sequence reward (each candidate is a reward-model forward); past it: 400."),
+    prefill_chunk: int = typer.Option(512, "--prefill-chunk", min=1, help="A longer prompt is prefilled this many "
+                                      "tokens at a time, between decode steps."),
+    max_connections: int = typer.Option(256, "--max-connections", min=1, help="Open connections and running "
+                                        "requests at most; past it: 503."),
+    read_timeout: float = typer.Option(30.0, "--read-timeout", min=0.1, help="Seconds a client has to send a "
+                                       "request's headers, and then its body."),
 ):
     """Serve steered generation over an OpenAI-compatible HTTP API, with a playground at /."""
     from ..config import SteeringConfig
 
+    hosts = _hosts(host, allowed_hosts)
+    if api_key is not None and not api_key.strip():
+        raise InvalidArgumentError("--api-key (or STEERKIT_API_KEY) is empty; give a key, or leave it unset.")
+    if api_key is None and not _is_loopback(host):
+        err.print(f"warning: steerkit serve listens on {host} without an API key: anyone who can reach this "
+                  "machine can run generations. Pass --api-key (or set STEERKIT_API_KEY).", soft_wrap=True)
     _check_port_free(host, port)
+    security = {"api_key": api_key, "hosts": hosts, "allowed_origins": tuple(allowed_origins),
+                "body_timeout_s": read_timeout}
     if prefer:
         apply_preferences(prefer)
     if config is not None or lm is not None or reward or k is not None or backend is not None:
@@ -70,21 +94,24 @@ def serve(
         from ..distributed.serve import serve_command
 
         return serve_command(cfg, ray_address, replicas, ray_config, host=host, port=port,
-                             engine_limits={"max_running": max_running, "max_queue": max_queue},
+                             engine_limits={"max_running": max_running, "max_queue": max_queue,
+                                            "max_k_sequence": max_k_sequence, "prefill_chunk": prefill_chunk},
                              settings={"timeout_s": timeout or None, "default_max_tokens": default_max_tokens,
                                        "max_tokens_limit": max_tokens_limit, "max_n": max_n,
-                                       "shutdown_deadline_s": shutdown_deadline}, log=err.print)
-    run_server(cfg, host=host, port=port, max_running=max_running, max_queue=max_queue,
-               timeout_s=timeout or None, max_tokens_limit=max_tokens_limit, default_max_tokens=default_max_tokens,
-               max_n=max_n, shutdown_deadline_s=shutdown_deadline, log_level=log_level)
+                                       "shutdown_deadline_s": shutdown_deadline, **security}, log=err.print)
+    limits = {"max_running": max_running, "max_queue": max_queue, "max_k_sequence": max_k_sequence,
+              "prefill_chunk": prefill_chunk}
+    settings = {"timeout_s": timeout or None, "max_tokens_limit": max_tokens_limit,
+                "default_max_tokens": default_max_tokens, "max_n": max_n, "shutdown_deadline_s": shutdown_deadline,
+                **security}
+    run_server(cfg, host=host, port=port, limits=limits, settings=settings, log_level=log_level,
+               connections={"max_connections": max_connections, "header_timeout_s": read_timeout})
 
 
-def run_server(cfg, *, host: str, port: int, max_running: int, max_queue: int, timeout_s: float | None,
-               max_tokens_limit: int, default_max_tokens: int, max_n: int, shutdown_deadline_s: float,
-               log_level: str) -> None:
+def run_server(cfg, *, host: str, port: int, limits: dict, settings: dict, log_level: str,
+               connections: dict) -> None:
     try:
-        import uvicorn
-
+        from ..serving import runner
         from ..serving.app import ServerSettings, create_app
         from ..serving.engine import Engine
         from ..serving.metrics import ServerMetrics
@@ -95,29 +122,30 @@ def run_server(cfg, *, host: str, port: int, max_running: int, max_queue: int, t
         raise InvalidArgumentError(f"--log-level must be critical, error, warning, info or debug, got {log_level!r}.")
     metrics = ServerMetrics()
     err.print("loading the model and rewards…")
-    engine = Engine.from_config(cfg, max_running=max_running, max_queue=max_queue, observer=metrics)
-    settings = ServerSettings(timeout_s=timeout_s, default_max_tokens=default_max_tokens,
-                              max_tokens_limit=max_tokens_limit, max_n=max_n, shutdown_deadline_s=shutdown_deadline_s)
-    app = create_app(engine, settings=settings, metrics=metrics)
-    class DrainingServer(uvicorn.Server):
-        """On the first SIGTERM/SIGINT, mark the app draining (new requests: 503), then uvicorn's graceful exit."""
-
-        def handle_exit(self, sig, frame):
-            app.state.draining = True
-            super().handle_exit(sig, frame)
-            # uvicorn re-raises the signal after its graceful exit (the process then dies by SIGTERM, status
-            # 143); a drained server has done what SIGTERM asks: exit 0 instead
-            captured = getattr(self, "_captured_signals", None)
-            if isinstance(captured, list):
-                captured.clear()
-
-    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                                            timeout_graceful_shutdown=shutdown_deadline_s, access_log=False))
+    engine = Engine.from_config(cfg, observer=metrics, **limits)
+    app = create_app(engine, settings=ServerSettings(**settings), metrics=metrics)
     shown = f"[{host}]" if ":" in host else host
     err.print(f"steerkit serve: {engine.model_name} with rewards {', '.join(engine.reward_names()) or '(none)'} "
               f"on http://{shown}:{port}  (playground /, OpenAI API /v1, metrics /metrics; Ctrl-C to stop)",
               soft_wrap=True)
-    server.run()
+    runner.run(app, engine, host=host, port=port, deadline_s=settings["shutdown_deadline_s"], log_level=log_level,
+               log=lambda message: err.print(message, soft_wrap=True), **connections)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        from ..serving.guard import is_loopback
+    except ImportError:  # no serve extra: run_server says what to install
+        return True
+    return is_loopback(host)
+
+
+def _hosts(host: str, allowed: List[str]):
+    try:
+        from ..serving.guard import allowed_hosts
+    except ImportError:  # no serve extra: run_server says what to install
+        return None
+    return allowed_hosts(host, allowed)
 
 
 def apply_preferences(values: List[str]) -> None:

@@ -188,6 +188,8 @@ def _print_result(result, as_json: bool) -> None:
                                "dev": result.metrics.get("dev"), "eval": result.metrics.get("eval")}))
         return
     _print_metrics(result.metrics)
+    err.print(f"Choosing β: `steerkit calibrate {result.output_dir}` measures what each β does with this reward "
+              "(docs/training.md, \"Choosing β\").")
     typer.echo(str(result.output_dir))
 
 

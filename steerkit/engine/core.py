@@ -67,10 +67,12 @@ class EngineCore:
         self._stepped: list[Row] = []
 
     # -- rows joining and leaving -------------------------------------------------------------------------
-    def admit(self, rows: list[Row], *, together: bool = False) -> dict:
+    def admit(self, rows: list[Row], *, together: bool = False, prefilled: dict | None = None) -> dict:
         """Prefill newcomers and start their reward sessions: each alone (the server: the same logits whatever
         else runs), or ``together`` in one left-padded forward (``generate``: the batch must be empty).
+        ``prefilled``: rows whose prompt already ran (``{row: Prefilled}``, the server's chunked prefill).
         Returns ``{row: exception}`` for rows that could not start (``strict``: raises)."""
+        prefilled = prefilled or {}
         failed: dict = {}
         if together:
             for row in rows:
@@ -78,17 +80,17 @@ class EngineCore:
             self.batch.prefill_padded([row.prompt_ids for row in rows], self.tokenizer)
             ready = list(rows)
         else:
-            ready, prefilled = [], []
+            ready, done = [], []
             for row in rows:
                 try:
                     row.start(self.tokenizer, self.batch.device, self.shared_rng, self.stream_text)
-                    prefilled.append(self.batch.prefill(row.prompt_ids))
+                    done.append(prefilled[row] if row in prefilled else self.batch.prefill(row.prompt_ids))
                     ready.append(row)
                 except Exception as exc:  # noqa: BLE001
                     if self.strict:
                         raise
                     failed[row] = exc
-            self.batch.join(prefilled)
+            self.batch.join(done)
         self.rows += ready
         self._plan = None
         failed.update(self._join_rewards(ready))

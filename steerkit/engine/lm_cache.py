@@ -27,6 +27,41 @@ def _pad_left(t: torch.Tensor, columns: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, 0, columns, 0)) if columns else t
 
 
+class PrefillJob:
+    """A prompt run through the LM alone, ``chunk`` tokens per forward: each :meth:`run_chunk` call extends its
+    cache by the next chunk, and the last returns the :class:`Prefilled` row. With ``chunk`` = the prompt's
+    length it is one forward, the same as ``steerkit.generate``'s prefill of a batch of one."""
+
+    def __init__(self, model, ids: list[int], chunk: int):
+        self.model, self.ids, self.chunk, self.done = model, ids, max(1, int(chunk)), 0
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache(config=model.config)
+
+    @property
+    def next_size(self) -> int:
+        """Tokens the next :meth:`run_chunk` runs."""
+        return min(self.chunk, len(self.ids) - self.done)
+
+    @torch.no_grad()
+    def run_chunk(self) -> Prefilled | None:
+        """Run the next chunk; the finished row after the last one, else None."""
+        start, end = self.done, self.done + self.next_size
+        input_ids = torch.tensor([self.ids[start:end]], dtype=torch.long, device=self.device)
+        mask = torch.ones((1, end), dtype=torch.long, device=self.device)
+        positions = torch.arange(start, end, device=self.device)[None, :]
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1, **cache_kwargs(self.model, self.cache))
+        self.done = end
+        if end < len(self.ids):
+            return None
+        for layer in self.cache.layers:
+            if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+                raise InvalidArgumentError(
+                    f"{type(self.model).__name__} uses a sliding-window KV cache ({type(layer).__name__}); the "
+                    "serving engine batches full-attention caches only. Serve another LM.")
+        return Prefilled(self.cache, len(self.ids), out.logits[:, -1, :].float())
+
+
 class LMBatch:
     """The running rows' LM state: ``cache`` (a transformers ``DynamicCache`` [B, heads, T, d] per layer),
     ``mask`` [B, T], next position ``pos`` [B] and the next-token ``logits`` [B, V] (float32)."""
@@ -46,21 +81,14 @@ class LMBatch:
     def size(self) -> int:
         return self.mask.shape[0]
 
-    @torch.no_grad()
     def prefill(self, ids: list[int]) -> Prefilled:
-        """Run one prompt alone (as ``steerkit.generate`` runs a batch of one): the same logits whatever else
-        is running."""
-        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
-        mask = torch.ones_like(input_ids)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1),
-                         use_cache=True, logits_to_keep=1, **cache_kwargs(self.model, cache))
-        for layer in cache.layers:
-            if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
-                raise InvalidArgumentError(
-                    f"{type(self.model).__name__} uses a sliding-window KV cache ({type(layer).__name__}); the "
-                    "serving engine batches full-attention caches only. Serve another LM.")
-        return Prefilled(cache, len(ids), out.logits[:, -1, :].float())
+        """Run one prompt alone, in one forward (as ``steerkit.generate`` runs a batch of one): the same logits
+        whatever else is running."""
+        return PrefillJob(self.model, ids, len(ids)).run_chunk()
+
+    def prefill_job(self, ids: list[int], chunk: int) -> "PrefillJob":
+        """One prompt to run alone, ``chunk`` tokens per :meth:`PrefillJob.run_chunk` (the server's chunked prefill)."""
+        return PrefillJob(self.model, ids, chunk)
 
     @torch.no_grad()
     def prefill_padded(self, rows_ids: list[list[int]], tokenizer) -> None:

@@ -104,7 +104,7 @@ class EvalConfig(ValidatedConfig):
     temperature: float = Field(default=1.0, gt=0)
     seed: int = 0
     batch_size: int | None = Field(default=None, ge=1)
-    backend: BackendName = "torch"
+    backend: BackendName = "auto"  # each reward picks: an ONNX export runs on onnx, anything else on torch
     scorers: list[str | dict] = []
     fluency: bool = True
     eval_lm: str = DEFAULT_EVAL_LM

@@ -5,6 +5,10 @@ own ``torch`` and ``onnx`` come from the built-in plugin :mod:`steerkit.rewards.
 path as any plugin. Every place that takes a backend name (``load_reward``, ``generate``, config files,
 ``steerkit eval``, the CLI's ``--backend``) validates it with :func:`check_backend` and uses it through
 :func:`get_backend`; nothing in steerkit compares backend names.
+
+Where no backend is named the backend is ``"auto"`` (:data:`DEFAULT_BACKEND`), which :func:`resolve_backend`
+turns into a registered one per reward: the backend that :meth:`~RewardBackend.recognizes` a directory as its own
+format (``onnx`` for an ONNX export), ``torch`` for anything else. A named backend is used as named.
 """
 
 from __future__ import annotations
@@ -16,8 +20,14 @@ from pathlib import Path
 from ..errors import InvalidArgumentError, PluginError, SteerkitError
 from ..registry import get_registry
 
-#: The backend used when none is named, and the only one a reward factory without a ``backend`` argument serves.
-DEFAULT_BACKEND = "torch"
+#: Where no backend is named: each reward picks its own (:func:`resolve_backend`). Never given to a backend table
+#: lookup or to a reward factory, which always receive a registered name.
+AUTO_BACKEND = "auto"
+DEFAULT_BACKEND = AUTO_BACKEND
+
+#: What ``"auto"`` runs a reward on when no backend recognizes its directory (a reward-model directory, a
+#: registered name, a model object), and the only backend a reward factory without a ``backend`` argument serves.
+FALLBACK_BACKEND = "torch"
 
 
 class RewardBackend(ABC):
@@ -50,6 +60,11 @@ class RewardBackend(ABC):
     def to_device(self, model, device: str) -> None:
         """Put ``model`` on the torch ``device`` when the backend runs there; by default it stays where it is."""
 
+    def recognizes(self, directory: Path) -> bool:
+        """True when ``directory`` is in this backend's own format (an ONNX export for ``onnx``): the default
+        backend ``"auto"`` then runs it on this backend. By default a backend claims no directory."""
+        return False
+
     #: ``load_token(directory)``: the model of a token-level reward-model directory (kind: token, see
     #: :mod:`steerkit.rewards.kinds`), or of this backend's export of one, with the runner interface that
     #: :class:`~steerkit.rewards.token.session.TokenSession` drives. None: this backend runs no token-level models.
@@ -81,15 +96,18 @@ def backends_with(method: str) -> list[str]:
 
 
 def check_backend(name) -> str:
-    """``name`` if a plugin registers it (or a ``PLUGIN:NAME`` reference); otherwise an
+    """``name`` if a plugin registers it (or a ``PLUGIN:NAME`` reference), or ``"auto"``; otherwise an
     :class:`~steerkit.errors.InvalidArgumentError` (a ``ValueError``, so it also serves as a pydantic validator)
     listing the registered backends."""
-    if isinstance(name, str) and (name in get_registry().claims["backend"] or ":" in name.strip(":")):
+    if isinstance(name, str) and (name == AUTO_BACKEND or name in get_registry().claims["backend"]
+                                  or ":" in name.strip(":")):
         return name
     names = backend_names()
     choices = (", ".join(map(repr, names[:-1])) + f" or {names[-1]!r}") if len(names) > 1 else ", ".join(map(repr, names))
-    raise InvalidArgumentError(f"Unknown reward backend {name!r}; use {choices or '(none registered)'} (plugins add "
-                               "backends through the register_reward_backends hook; `steerkit plugins` lists them).")
+    raise InvalidArgumentError(f"Unknown reward backend {name!r}; use {choices or '(none registered)'}, or "
+                               f"{AUTO_BACKEND!r} (the default: an ONNX export runs on onnx, anything else on torch). "
+                               "Plugins add backends through the register_reward_backends hook; `steerkit plugins` "
+                               "lists them.")
 
 
 def get_backend(name: str) -> RewardBackend:
@@ -111,3 +129,24 @@ def get_backend(name: str) -> RewardBackend:
                                   "steerkit.rewards.backends.RewardBackend.")
             _built[key] = backend
     return backend
+
+
+def resolve_backend(backend: str = DEFAULT_BACKEND, directory: str | Path | None = None) -> str:
+    """The backend that runs a reward: ``backend`` itself when it names one (as asked: where it is used, a name
+    nobody registers raises); for ``"auto"``, the first registered backend that :meth:`~RewardBackend.recognizes`
+    ``directory`` (``onnx`` for an ONNX export), else :data:`FALLBACK_BACKEND` (``torch``: a reward-model directory,
+    a registered name, a model object).
+
+    The one place ``"auto"`` is decided: loaders call it before a backend or a reward factory sees the name.
+    """
+    if backend != AUTO_BACKEND:
+        return backend
+    directory = Path(directory).expanduser() if directory is not None else None
+    if directory is not None and directory.is_dir():
+        for name in backend_names():
+            try:
+                if get_backend(name).recognizes(directory):
+                    return name
+            except SteerkitError:  # a plugin's broken or ambiguous backend claims nothing
+                continue
+    return FALLBACK_BACKEND

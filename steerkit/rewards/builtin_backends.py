@@ -46,6 +46,12 @@ class OnnxBackend(RewardBackend):
 
     name = "onnx"
 
+    def recognizes(self, directory: Path) -> bool:
+        """An ONNX export (its manifest): what the default backend ``"auto"`` runs here."""
+        from .onnx.manifest import is_export_dir
+
+        return is_export_dir(directory)
+
     def load(self, directory: Path):
         from .onnx.backend import OnnxRewardModel
 
@@ -68,8 +74,9 @@ def _from_pretrained(model_class, directory: Path):
     from .onnx.manifest import is_export_dir
 
     if is_export_dir(directory):
-        raise ExportError(f"{directory} is an ONNX export: use backend 'onnx' (--backend onnx), or pass "
-                          "the reward-model directory it was exported from for backend 'torch'.")
+        raise ExportError(f"{directory} is an ONNX export: use backend 'onnx' (--backend onnx, or no --backend: "
+                          "'auto' runs an export on onnx), or pass the reward-model directory it was exported from "
+                          "for backend 'torch'.")
     return model_class.from_pretrained(directory)
 
 

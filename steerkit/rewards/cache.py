@@ -31,6 +31,13 @@ def pick_columns(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
 
 
+#: Marks pending blocks scored in chunks: their KV is gone, the chosen block is run again on commit.
+_RESCORE = object()
+
+#: Blocks (candidates) scored in one forward at most (``SharedPrefixCache.max_blocks``).
+MAX_BLOCKS_PER_FORWARD = 64
+
+
 class SharedPrefixCache(ABC):
     """Incremental state of one reward model over B rows, in the reward model's token ids.
 
@@ -38,6 +45,9 @@ class SharedPrefixCache(ABC):
     ``next_pos`` [B] is the position id of each row's next token (real tokens counted). Rewards come back on
     the device the scored tokens came from.
     """
+
+    #: Candidates scored in one forward at most; more are scored in chunks of this many (:meth:`score_blocks`).
+    max_blocks: int = MAX_BLOCKS_PER_FORWARD
 
     def __init__(self, batch_size: int, device: torch.device | str):
         self.device = device
@@ -92,30 +102,56 @@ class SharedPrefixCache(ABC):
         if self._pending is not None:
             k, m, _, kv = self._pending
             self._pending = None
-            self._discard_blocks(kv, k * m)
+            if kv is not _RESCORE:
+                self._discard_blocks(kv, k * m)
 
     def score_blocks(self, blocks: torch.Tensor, block_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Score k blocks per row ([B, k, m], right-padded, mask [B, k, m]) in one forward over the shared
-        prefix; the reward of a block is read at its last real token. Returns [B, k]."""
+        """Score k blocks per row ([B, k, m], right-padded, mask [B, k, m]) over the shared prefix, at most
+        :attr:`max_blocks` blocks per forward (one forward for k up to it); the reward of a block is read at its
+        last real token. Returns [B, k].
+
+        The attention mask of one forward is [B, 1, k·m, T + k·m], quadratic in k; chunks keep a step's memory
+        bounded for any k. When there is more than one chunk, each chunk's KV is dropped at once and
+        :meth:`commit_choice` runs the chosen block again (one forward of m tokens per row)."""
         self._drop_pending()
         device = blocks.device  # rewards go back where the candidates came from (the LM's device)
         blocks = blocks.to(self.device)
         B, k, m = blocks.shape
         block_mask = (torch.ones_like(blocks, dtype=torch.bool) if block_mask is None
                       else block_mask.to(self.device).bool())
+        if k <= self.max_blocks:
+            rewards, kv = self._score_chunk(blocks, block_mask)
+            self._pending = (k, m, block_mask, kv)
+            return rewards.to(device)
+        parts = []
+        for start in range(0, k, self.max_blocks):
+            chunk = slice(start, start + self.max_blocks)
+            rewards, kv = self._score_chunk(blocks[:, chunk], block_mask[:, chunk])
+            self._discard_blocks(kv, rewards.shape[1] * m)
+            parts.append(rewards)
+        self._pending = (blocks, m, block_mask, _RESCORE)
+        return torch.cat(parts, 1).to(device)
+
+    def _score_chunk(self, blocks: torch.Tensor, block_mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """One forward of blocks [B, c, m] after the prefix: each block's reward [B, c] and the forward's KV."""
+        B, c, m = blocks.shape
         offsets = (block_mask.long().cumsum(-1) - 1).clamp(min=0)
-        position_ids = (self.next_pos[:, None, None] + offsets).reshape(B, k * m)
+        position_ids = (self.next_pos[:, None, None] + offsets).reshape(B, c * m)
         allowed = block_mask_4d(self.mask, block_mask)
-        rewards, kv = self._forward(blocks.reshape(B, k * m), position_ids, allowed)
-        self._pending = (k, m, block_mask, kv)
-        last = (block_mask.long().sum(-1) - 1).clamp(min=0)  # [B, k]
-        return rewards.reshape(B, k, m).gather(-1, last[..., None]).squeeze(-1).to(device)
+        rewards, kv = self._forward(blocks.reshape(B, c * m), position_ids, allowed)
+        last = (block_mask.long().sum(-1) - 1).clamp(min=0)  # [B, c]
+        return rewards.reshape(B, c, m).gather(-1, last[..., None]).squeeze(-1), kv
 
     def commit_choice(self, choice: torch.Tensor) -> None:
         """Keep the KV of block ``choice[b]`` of the last :meth:`score_blocks` call for each row; drop the rest."""
         if self._pending is None:
             raise RuntimeError("commit_choice() needs a preceding score_blocks() call")
         k, m, block_mask, kv = self._pending
+        if kv is _RESCORE:  # scored in chunks: run the chosen block again, as an append
+            self._pending = None
+            pick = choice.to(self.device).long()[:, None, None].expand(-1, 1, m)
+            self.append(k.gather(1, pick).squeeze(1), block_mask.gather(1, pick).squeeze(1))
+            return
         choice = choice.to(self.device).long()
         index = self.length + choice[:, None] * m + torch.arange(m, device=self.device)[None, :]  # [B, m]
         self._keep_block(kv, index)

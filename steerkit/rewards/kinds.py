@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ExportError, InvalidArgumentError, RewardModelFormatError
-from .backends import DEFAULT_BACKEND, backend_names, backends_with, check_backend, get_backend
+from .backends import DEFAULT_BACKEND, backend_names, backends_with, check_backend, get_backend, resolve_backend
 from .model_config import CONFIG_NAME
 from .onnx.manifest import MANIFEST_NAME
 
@@ -104,9 +104,10 @@ class RewardKind:
         return backend_names() if self.loader is not None else backends_with(self.backend_method)
 
     def load_model(self, directory, backend: str = DEFAULT_BACKEND, *, cached: bool = False):
-        """The model of ``directory`` run by ``backend``; ``cached``: once per process, kind, backend and directory
-        (what packaged rewards use)."""
+        """The model of ``directory`` run by ``backend`` (``"auto"``: the backend its format asks for); ``cached``:
+        once per process, kind, backend and directory (what packaged rewards use)."""
         directory = Path(directory)
+        backend = resolve_backend(backend, directory)
         if cached:
             return _cached_model(self, str(directory.resolve()), backend)
         if self.loader is not None:
@@ -130,7 +131,8 @@ class RewardKind:
 
     def load_reward(self, directory, *, backend: str = DEFAULT_BACKEND, context: str = "continuation",
                     name: str | None = None, cached: bool = False):
-        """The decoding-time reward of ``directory`` run by ``backend``."""
+        """The decoding-time reward of ``directory`` run by ``backend`` (``"auto"``: the backend its format asks for)."""
+        backend = resolve_backend(backend, directory)
         model = self.load_model(directory, backend, cached=cached)
         return self.reward_class(model, name=name or model.config.name, backend=backend, context=context)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import InvalidArgumentError, PluginError
 from ..registry import get_registry
-from .backends import DEFAULT_BACKEND, check_backend
+from .backends import DEFAULT_BACKEND, FALLBACK_BACKEND, check_backend, resolve_backend
 from .base import Reward
 from .kinds import kind_of
 from .model import CONFIG_NAME
@@ -25,7 +25,10 @@ CONTEXTS = ("continuation", "full")
 
 def load_reward(reference: str, *, backend: str = DEFAULT_BACKEND, context: str = "continuation"):
     """A reward from a registered name (see ``steerkit plugins``), ``PLUGIN:NAME``, or a path to a reward-model
-    directory (or an export the backend reads, such as an ONNX export for ``backend="onnx"``)."""
+    directory (or an export the backend reads, such as an ONNX export for ``backend="onnx"``).
+
+    ``backend="auto"`` (the default) runs an ONNX export on ``onnx`` and anything else on ``torch``
+    (:func:`~steerkit.rewards.backends.resolve_backend`); a named backend is used as named."""
     if not isinstance(reference, str) or not reference.strip():
         raise InvalidArgumentError(f"A reward reference must be a registered name or a reward-model directory, "
                                    f"got {reference!r}.")
@@ -53,22 +56,24 @@ def _is_registered(name: str) -> bool:
 
 def load_directory(directory: Path, *, backend: str = DEFAULT_BACKEND, context: str = "continuation",
                    name: str | None = None) -> Reward:
-    """The reward of a reward-model directory (or a backend's export directory) run by ``backend``, as its kind
-    (:func:`~steerkit.rewards.kinds.kind_of`) loads it."""
+    """The reward of a reward-model directory (or a backend's export directory) run by ``backend`` (``"auto"``: the
+    backend its format asks for), as its kind (:func:`~steerkit.rewards.kinds.kind_of`) loads it."""
     return kind_of(directory).load_reward(Path(directory), backend=backend, context=context, name=name)
 
 
 def get_reward(name: str, *, backend: str = DEFAULT_BACKEND, context: str = "continuation"):
     """Build the registered reward ``name`` or ``PLUGIN:NAME`` (see ``HookSpecs.register_reward_models``).
 
-    Raises :class:`~steerkit.errors.PluginConflictError` if several plugins register ``name`` and none is picked.
+    The factory receives a registered backend name, never ``"auto"`` (which runs a registered reward on
+    ``torch``). Raises :class:`~steerkit.errors.PluginConflictError` if several plugins register ``name`` and none
+    is picked.
     """
-    check_backend(backend)
+    backend = resolve_backend(check_backend(backend))
     entry = get_registry().get("reward", name)
     kwargs = entry.accepted({"backend": backend, "context": context})
-    if "backend" not in kwargs and backend != DEFAULT_BACKEND:
+    if "backend" not in kwargs and backend != FALLBACK_BACKEND:
         raise PluginError(f"Reward {name!r} (plugin {entry.plugin!r}) does not support the {backend!r} backend; "
-                          f"use --backend {DEFAULT_BACKEND}.")
+                          f"use --backend {FALLBACK_BACKEND}.")
     reward = entry.build(kwargs)
     if not isinstance(reward, Reward):
         raise PluginError(f"The factory of reward {name!r} (plugin {entry.plugin!r}) returned "

@@ -10,7 +10,7 @@ A reward model is saved as a directory (never pickled)::
 
     reward_config.json     RewardModelConfig (backbone reference + fingerprint, depth, method, ...)
     head.safetensors       the scalar head
-    adapter.safetensors    LoRA weights            (method "lora")
+    adapter.safetensors    LoRA weights            (method "lora"; merged on load by :mod:`.lora`, no peft)
     backbone.safetensors   the truncated backbone  (method "full")
     metrics.json           optional, written by training
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,8 @@ from ..errors import InvalidArgumentError, PromptTooLongError, RewardModelFormat
 from ..hf_compat import cache_kwargs, output_cache
 from ..files import atomic_write_text
 from ..models import context_length, load_causal_lm, load_tokenizer, resolve
-from .backbones import default_lora_targets, num_blocks, output_hidden_size, truncate, uses_conv1d
+from .backbones import num_blocks, output_hidden_size, truncate
+from .lora import lora_config, merge_lora, resolve_lora  # noqa: F401  (lora_config, resolve_lora: re-exported)
 from .model_config import (  # noqa: F401  (FORMAT_VERSION, TokenHeadSettings re-exported: importers use them)
     CONFIG_NAME, FORMAT_VERSION, LoraSettings, RewardModelConfig, TokenHeadSettings, _warn_on_old_rad_import,
     read_config,
@@ -278,7 +278,8 @@ class RewardModel(nn.Module):
         truncate(backbone, config.num_layers)
         try:
             if config.method == "lora":
-                backbone = _apply_lora(backbone, config, load_file(str(directory / ADAPTER_NAME)))
+                adapter = directory / ADAPTER_NAME  # merged by steerkit itself: loading needs no peft
+                backbone = merge_lora(backbone, config.lora or LoraSettings(), load_file(str(adapter)), str(adapter))
             elif config.method == "full":
                 _load_strict(backbone, load_file(str(directory / BACKBONE_NAME)), directory / BACKBONE_NAME)
             model = cls._from_parts(backbone, config, tokenizer, lm)
@@ -318,41 +319,3 @@ def _load_strict(module: nn.Module, state: dict, path: Path) -> None:
             f"{'…' if len(problems) > 5 else ''}). It was saved from a different backbone or depth."
         )
     module.load_state_dict(state)
-
-
-def resolve_lora(settings: LoraSettings, backbone: nn.Module) -> LoraSettings:
-    """``settings`` with ``target_modules`` filled in from the backbone's family when it names none."""
-    if settings.target_modules is not None:
-        return settings
-    return settings.model_copy(update={"target_modules": default_lora_targets(backbone)})
-
-
-def lora_config(settings: LoraSettings, backbone: nn.Module | None = None):
-    """A peft LoraConfig; ``backbone`` resolves default targets and GPT-2's Conv1D layout (fan_in_fan_out)."""
-    from peft import LoraConfig
-
-    if backbone is not None:
-        settings = resolve_lora(settings, backbone)
-    if settings.target_modules is None:
-        raise RewardModelFormatError("LoRA settings name no target_modules; pass the backbone to resolve its defaults.")
-    targets = list(settings.target_modules)
-    return LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
-                      target_modules=targets, bias="none",
-                      fan_in_fan_out=backbone is not None and uses_conv1d(backbone, targets))
-
-
-def _apply_lora(backbone: nn.Module, config: RewardModelConfig, state: dict) -> nn.Module:
-    """Attach the saved LoRA weights and merge them into the backbone (no adapter overhead at decode time)."""
-    from peft import get_peft_model, set_peft_model_state_dict
-
-    with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x
-        warnings.simplefilter("ignore", FutureWarning)
-        peft_model = get_peft_model(backbone, lora_config(config.lora or LoraSettings(), backbone))
-    result = set_peft_model_state_dict(peft_model, state)
-    unexpected = list(getattr(result, "unexpected_keys", []) or [])
-    missing_lora = [k for k in getattr(result, "missing_keys", []) or [] if "lora_" in k]
-    if unexpected or missing_lora:
-        raise RewardModelFormatError(
-            f"LoRA adapter does not match the backbone (unexpected {unexpected[:3]}, missing {missing_lora[:3]})."
-        )
-    return peft_model.merge_and_unload()

@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import PluginError
 from .backends import DEFAULT_BACKEND
 from .kinds import DEFAULT_KIND, find_kind, kind_of
-from .model import CONFIG_NAME
+from .model_config import CONFIG_NAME
 
 
 def reward_model_factory(directory: str | os.PathLike, *, name: str, package: str | None = None):

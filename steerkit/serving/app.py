@@ -7,7 +7,8 @@ in-flight rows up to ``settings.shutdown_deadline_s``) on shutdown.
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models`` (with the steering the
 server offers), ``GET /health``, ``GET /metrics`` (Prometheus), ``GET /`` (the playground page); each is a router
 module of :mod:`steerkit.serving.routes`, included from its ``ROUTERS`` list. This module adds what is not a route:
-the error handlers, the lifespan, and the middleware that counts requests and refuses oversized bodies.
+the error handlers, the lifespan, the middleware that counts requests, the :class:`~.guard.Guard` (Host, API key,
+JSON only, bounded bodies) and, for ``--allowed-origins``, CORS.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import time
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
-from .errors_http import HTTPError, install
+from .errors_http import install
+from .guard import Guard
 from .metrics import ServerMetrics
 from .routes import ROUTERS, paths
 from .routes.models import steering_info
@@ -38,17 +41,22 @@ def create_app(engine, *, settings: ServerSettings | None = None, metrics: Serve
     app = FastAPI(title="steerkit serve", version="1", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     attach(app, Server(engine, settings, metrics, settings.model_name or engine.model_name))
     install(app)
-    app.add_middleware(_Accounting, metrics=metrics, max_body_bytes=settings.max_body_bytes, endpoints=paths(ROUTERS))
+    app.add_middleware(Guard, hosts=settings.hosts, api_key=settings.api_key, max_body_bytes=settings.max_body_bytes,
+                       body_timeout_s=settings.body_timeout_s)
+    if settings.allowed_origins:  # no CORS headers at all unless the operator names origins
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+    app.add_middleware(_Accounting, metrics=metrics, endpoints=paths(ROUTERS))
     for router in ROUTERS:
         app.include_router(router)
     return app
 
 
 class _Accounting:
-    """ASGI middleware: requests by endpoint and status (streams counted when they end), and the body-size limit."""
+    """ASGI middleware: requests by endpoint and status (streams counted when they end; refusals included)."""
 
-    def __init__(self, app, *, metrics: ServerMetrics, max_body_bytes: int, endpoints: frozenset[str]):
-        self.app, self.metrics, self.max_body, self.endpoints = app, metrics, max_body_bytes, endpoints
+    def __init__(self, app, *, metrics: ServerMetrics, endpoints: frozenset[str]):
+        self.app, self.metrics, self.endpoints = app, metrics, endpoints
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -56,17 +64,6 @@ class _Accounting:
         path = scope.get("path", "")
         endpoint = path if path in self.endpoints else "other"
         start, status = time.perf_counter(), [500]
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
-            error = HTTPError(413, f"The request body has {int(length)} bytes; this server takes at most "
-                              f"{self.max_body} (a prompt that long would not fit the model's context anyway).",
-                              code="request_too_large")
-            await error.response()(scope, receive, send)
-            self.metrics.request_done(endpoint, 413)
-            return
-
-        if scope.get("method") == "POST" and endpoint.startswith("/v1/"):
-            scope = _as_json(scope)
 
         async def send_status(message):
             if message["type"] == "http.response.start":
@@ -78,14 +75,3 @@ class _Accounting:
         finally:
             seconds = time.perf_counter() - start if endpoint.startswith("/v1/") and endpoint != "/v1/models" else None
             self.metrics.request_done(endpoint, status[0], seconds)
-
-
-def _as_json(scope):
-    """``curl -d '{...}'`` sends ``application/x-www-form-urlencoded``; the API only takes JSON, so a POST without a
-    JSON content type is read as JSON (a body that is not JSON still gets the 400 saying so)."""
-    headers = list(scope.get("headers") or [])
-    kind = dict(headers).get(b"content-type", b"").split(b";")[0].strip().lower()
-    if kind in (b"", b"application/x-www-form-urlencoded", b"text/plain"):
-        headers = [(k, v) for k, v in headers if k != b"content-type"] + [(b"content-type", b"application/json")]
-        scope = {**scope, "headers": headers}
-    return scope

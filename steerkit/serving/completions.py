@@ -70,10 +70,12 @@ def build_specs(prompts: list[str], *, n: int, seed: int | None, max_tokens: int
     return specs, seeds
 
 
-def admit(engine, job: Job, *, prompt_param: str, retry_after_s: float) -> list:
-    """Validate the rows, then queue them all or none; a failure is raised as the HTTPError it maps to."""
-    try:
-        return engine.submit_all(job.specs)  # every row checked once, then all queued or none
+async def admit(engine, job: Job, *, prompt_param: str, retry_after_s: float) -> list:
+    """Validate the rows, then queue them all or none; a failure is raised as the HTTPError it maps to. Runs in
+    a worker thread: tokenizing a long prompt must not hold up the event loop (other requests, ``/health``)."""
+    loop = asyncio.get_running_loop()
+    try:  # every row checked once, then all queued or none
+        return await asyncio.to_thread(engine.submit_all, job.specs, loop=loop)
     except Exception as exc:  # noqa: BLE001 - typed errors become 4xx, anything else a logged 500
         raise from_steerkit(exc, prompt_param=prompt_param, retry_after_s=retry_after_s) from None
 

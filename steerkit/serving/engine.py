@@ -47,13 +47,18 @@ from ..engine.core import EngineCore
 from ..engine.rows import Row
 from ..errors import ServerBusyError, ServerShuttingDownError
 from ..models import context_length
+from ..steering import LARGE_K
 from ..validators import validate_int, validate_k
 from .requests import FinishEvent, RowHandle, RowSpec, TokenEvent
 from .row_terms import RewardLookup, row_terms
-from .validation import prepare_rows
+from .prefill import Prefills
+from .validation import check_cost, prepare_rows
 
 #: How long the idle loop sleeps between checks for new rows, cancellations and deadlines (seconds).
 IDLE_WAIT_S = 0.05
+
+#: A prompt longer than this many tokens is prefilled this many at a time, one chunk between decode steps.
+PREFILL_CHUNK = 512
 
 
 class EngineObserver(Protocol):
@@ -73,7 +78,7 @@ class Engine:
 
     def __init__(self, lm, tokenizer, rewards: Mapping[str, object] | None = None, *, default_rewards=(),
                  default_k: int = 20, max_running: int = 16, max_queue: int = 64, observer=None,
-                 model_name: str | None = None):
+                 model_name: str | None = None, max_k_sequence: int = LARGE_K, prefill_chunk: int = PREFILL_CHUNK):
         self.lm = lm.eval()
         self.tokenizer = tokenizer
         config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
@@ -83,7 +88,10 @@ class Engine:
         self.lookup = RewardLookup(rewards or {})
         self.default_k = validate_k(default_k, self.vocab_size)
         self.default_rewards = default_rewards or None
-        row_terms(self.default_rewards, self.lookup)  # checked now (a bad default fails at start-up)
+        self.max_k_sequence = validate_int("max_k_sequence", max_k_sequence)
+        self.prefill_chunk = validate_int("prefill_chunk", prefill_chunk)
+        check_cost(self, row_terms(self.default_rewards, self.lookup), self.default_k,
+                   "the default k")  # checked now (a bad default fails at start-up)
         self.max_running = validate_int("max_running", max_running)
         self.max_queue = validate_int("max_queue", max_queue, 0)
         self.observer = observer
@@ -91,6 +99,7 @@ class Engine:
         self._core = EngineCore(self.lm, tokenizer, eos=self.eos, vocab_size=self.vocab_size,
                                 names=lambda reward: _reward_name(reward, self.lookup))
         self._core.batch.prefill([tokenizer.eos_token_id or 0])  # an LM whose KV cache cannot be batched fails now
+        self._prefills = Prefills(self._core.batch, self.prefill_chunk)
         self._queue: deque[Row] = deque()
         self._lock = threading.Condition()
         self._ids = itertools.count(1)
@@ -99,6 +108,7 @@ class Engine:
         self._drain_deadline: float | None = None
         self._stopped = False
         self._counts = {"steps": 0, "tokens": 0, "finished": {}}
+        self._progress = time.monotonic()  # when the loop last finished a step (or a prefill chunk), or went idle
         self._row_seconds: float | None = None  # moving average of a row's time in the engine
 
     @classmethod
@@ -116,6 +126,12 @@ class Engine:
     def reward_names(self) -> list[str]:
         return self.lookup.names()
 
+    def limits(self) -> dict:
+        """What a row may ask of this engine: k (with and without a sequence reward), the prompt's tokens, and
+        the prefill chunk a long prompt is run in."""
+        return {"max_k": self.vocab_size, "max_k_sequence": self.max_k_sequence, "context_tokens": self.context,
+                "prefill_chunk_tokens": self.prefill_chunk}
+
     def validate(self, spec: RowSpec) -> None:
         """Raise the typed error (with ``.param``) that ``spec`` deserves, or nothing."""
         prepare_rows(self, [spec], None)
@@ -123,9 +139,11 @@ class Engine:
     def submit(self, spec: RowSpec) -> RowHandle:
         return self.submit_all([spec])[0]
 
-    def submit_all(self, specs: Sequence[RowSpec]) -> list[RowHandle]:
-        """Validate and queue every spec, or none: ServerBusyError when they do not all fit in the queue."""
-        handles = [RowHandle(next(self._ids), self._wake) for _ in specs]
+    def submit_all(self, specs: Sequence[RowSpec], *, loop=None) -> list[RowHandle]:
+        """Validate and queue every spec, or none: ServerBusyError when they do not all fit in the queue.
+        ``loop``: the event loop that will read the rows' events, when this runs in a worker thread (the HTTP
+        layer tokenizes off its event loop)."""
+        handles = [RowHandle(next(self._ids), self._wake, loop) for _ in specs]
         rows = prepare_rows(self, specs, handles)  # each spec checked once; a prompt is tokenized once
         with self._lock:
             if not self._accepting:
@@ -142,10 +160,24 @@ class Engine:
 
     def stats(self) -> dict:
         with self._lock:
-            return {"running": len(self._running), "queued": len(self._queue), "steps": self._counts["steps"],
+            return {"running": len(self._running), "queued": len(self._queue), "prefilling": len(self._prefills),
+                    "steps": self._counts["steps"],
                     "tokens": self._counts["tokens"], "finished": dict(self._counts["finished"]),
                     "max_running": self.max_running, "max_queue": self.max_queue, "accepting": self._accepting,
-                    "alive": self._thread is not None and self._thread.is_alive()}
+                    "alive": self._thread is not None and self._thread.is_alive() and not self._stopped,
+                    "busy_s": round(self.busy_seconds(), 3)}
+
+    def holds_rows(self) -> bool:
+        """True while a row is queued or running (and the engine was not abandoned)."""
+        with self._lock:
+            return not self._stopped and bool(self._queue or self._running or self._prefills)
+
+    def busy_seconds(self) -> float:
+        """Seconds since the loop last finished a step while rows wait on it (0 when idle): what ``/health``
+        compares with its stall bound."""
+        if not (self._running or self._queue or self._prefills):
+            return 0.0
+        return max(0.0, time.monotonic() - self._progress)
 
     def start(self) -> None:
         """Start the decode-loop thread (once)."""
@@ -155,14 +187,27 @@ class Engine:
             self._thread = threading.Thread(target=self._loop, name="steerkit-engine", daemon=True)
             self._thread.start()
 
-    def shutdown(self, deadline_s: float) -> None:
-        """Stop admitting; let queued and running rows finish for up to ``deadline_s`` seconds; cancel the rest
-        (FinishEvent "cancelled"); stop the thread. Blocks until done."""
+    def drain(self, deadline_s: float) -> None:
+        """Stop admitting and let queued and running rows finish for up to ``deadline_s`` seconds, after which the
+        loop cancels the rest (FinishEvent "cancelled") and ends; returns at once. A second call can only bring
+        the deadline closer."""
         with self._lock:
             self._accepting = False
-            self._drain_deadline = time.monotonic() + max(0.0, float(deadline_s))
+            deadline = time.monotonic() + max(0.0, float(deadline_s))
+            if self._drain_deadline is None or deadline < self._drain_deadline:
+                self._drain_deadline = deadline
             self._lock.notify_all()
+
+    def shutdown(self, deadline_s: float, grace_s: float = 2.0) -> None:
+        """:meth:`drain`, then wait for the loop to end. A loop still inside one step ``grace_s`` after the deadline
+        is abandoned: its rows get their "cancelled" FinishEvent now, and the thread (a daemon) ends with the
+        process. Returns within ``deadline_s + grace_s``."""
+        self.drain(deadline_s)
+        with self._lock:
+            if self._stopped:  # abandoned already (a second signal): nothing to wait for
+                return
             thread = self._thread
+            wait = max(0.0, self._drain_deadline - time.monotonic()) + grace_s
         if thread is None:  # never started: nothing runs, cancel what was queued
             with self._lock:
                 queued, self._queue = list(self._queue), deque()
@@ -170,7 +215,20 @@ class Engine:
             for row in queued:
                 self._finish(row, "cancelled")
             return
-        thread.join()
+        thread.join(wait)
+        if thread.is_alive():
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Give every row still held its "cancelled" FinishEvent without waiting for the loop (stuck in a step);
+        the loop, when it wakes, finds itself stopped and touches no row again."""
+        with self._lock:
+            self._stopped = True
+            rows = [*self._queue, *self._prefills.rows(), *self._core.rows]
+            self._queue = deque()
+        for row in rows:
+            if row.handle.finish is None:
+                self._finish(row, "cancelled")
 
     # -- the loop -----------------------------------------------------------------------------------------
     def _wake(self) -> None:
@@ -189,18 +247,25 @@ class Engine:
         """One pass: drop cancelled/expired rows, admit newcomers, run one step. False when the loop ends."""
         now = time.monotonic()
         with self._lock:
+            if self._stopped:  # abandoned by shutdown() while inside a step: every row was finished there
+                return False
             draining = self._drain_deadline is not None
-            if draining and (now >= self._drain_deadline or (not self._running and not self._queue)):
-                leftovers, self._queue = list(self._queue), deque()
+            if draining and (now >= self._drain_deadline or not (self._running or self._queue or self._prefills)):
+                leftovers, self._queue = [*self._queue, *self._prefills.rows()], deque()
+                self._prefills.drop(leftovers)
                 self._stopped = True
             else:
                 leftovers = None
-                expired = [r for r in self._queue if r.handle.cancelled or r.expired(now)]
+                expired = [r for r in [*self._queue, *self._prefills.rows()] if r.handle.cancelled or r.expired(now)]
                 for row in expired:
-                    self._queue.remove(row)
-                room = self.max_running - len(self._running)
-                admitted = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
-                if not admitted and not self._running and not expired:
+                    if row in self._prefills.jobs:
+                        self._prefills.drop([row])
+                    else:
+                        self._queue.remove(row)
+                room = self.max_running - len(self._running) - len(self._prefills)
+                admitted = self._prefills.take(self._queue, room)
+                if not admitted and not self._running and not expired and not self._prefills:
+                    self._progress = now
                     self._lock.wait(IDLE_WAIT_S)
                     return True
         if leftovers is not None:
@@ -208,17 +273,23 @@ class Engine:
                 self._finish(row, "cancelled")
             self._remove({r: ("cancelled", None) for r in self._running})
             return False
-        for row in expired:
+        for row in expired:  # a row's timeout counts from submission: its queueing and prefill included
             self._finish(row, "cancelled" if row.handle.cancelled else "timeout")
         gone = {r: ("cancelled", None) if r.handle.cancelled else ("timeout", None)
                 for r in self._running if r.handle.cancelled or r.expired(now)}
         if gone:
             self._remove(gone)
-        if admitted:
-            self._admit(admitted)
+        if admitted or self._prefills:
+            ready, failed = self._prefills.run(admitted)
+            for row, exc in failed.items():
+                self._finish(row, "error", exc)
+            if ready:
+                self._admit(list(ready), {r: p for r, p in ready.items() if p is not None})
+            self._progress = time.monotonic()
         if self._running:
             start = time.perf_counter()
             self._step()
+            self._progress = time.monotonic()
             self._notify("on_step", time.perf_counter() - start, len(self._running), len(self._queue))
         return True
 
@@ -226,9 +297,10 @@ class Engine:
     def _running(self) -> list[Row]:
         return self._core.rows
 
-    def _admit(self, rows: list[Row]) -> None:
-        """Prefill each newcomer alone, start its reward sessions, and join it to the batch."""
-        failed = self._core.admit(rows)
+    def _admit(self, rows: list[Row], prefilled: dict) -> None:
+        """Prefill each newcomer alone (unless ``prefilled`` has its prompt's run), start its reward sessions, and
+        join it to the batch."""
+        failed = self._core.admit(rows, prefilled=prefilled)
         for row in rows:
             if row in failed and row not in self._core.rows:
                 self._finish(row, "error", failed[row])
@@ -268,6 +340,8 @@ class Engine:
             self._remove({r: ("error", e) for r, e in more.items()})
 
     def _finish(self, row: Row, reason: str, error: Exception | None = None) -> None:
+        if row.handle.finish is not None:  # finished already (by shutdown abandoning a stuck loop)
+            return
         row.finish_reason, row.error = reason, error
         row.handle._emit(FinishEvent(reason, len(row.prompt_ids), len(row.ids), error))
         seconds = time.monotonic() - row.handle.submitted

@@ -170,6 +170,11 @@ class ChatMessage(BaseModel):
             value = "".join(parts)
         if not isinstance(value, str):
             raise ValueError("content must be a string or a list of text parts.")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:  # the position in this message's own text, not in the templated prompt
+            raise ValueError(f"content has an invalid character {value[exc.start]!r} (a lone surrogate) at position "
+                             f"{exc.start}; it is not valid Unicode text. Remove it.") from None
         return value
 
 
@@ -178,11 +183,12 @@ class ChatCompletionRequest(_Request):
 
     messages: list[ChatMessage] = Field(min_length=1, description="The conversation; the model answers the last")
 
-    @model_validator(mode="after")
-    def _some_text(self):
-        if not any(m.content.strip() for m in self.messages):
+    @field_validator("messages")
+    @classmethod
+    def _some_text(cls, value):
+        if not any(m.content.strip() for m in value):
             raise ValueError("messages are all empty; send some text.")
-        return self
+        return value
 
     def conversation(self) -> list[dict]:
         """Messages for ``apply_chat_template`` (OpenAI's ``developer`` role is the templates' ``system``)."""

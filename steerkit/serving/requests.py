@@ -77,13 +77,16 @@ class Completion:
 class RowHandle:
     """The caller's side of one submitted row: its events, and :meth:`cancel`."""
 
-    def __init__(self, row_id: int, wake=None):
+    def __init__(self, row_id: int, wake=None, loop: asyncio.AbstractEventLoop | None = None):
+        """``loop``: the event loop that reads the events (default: the running one, if any)."""
         self.id = row_id
         self.submitted = time.monotonic()
-        try:
-            self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._loop = None
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+        self._loop = loop
         self._async_queue: asyncio.Queue | None = asyncio.Queue() if self._loop is not None else None
         self._queue: queue.Queue = queue.Queue()
         self._cancelled = threading.Event()

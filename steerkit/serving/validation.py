@@ -61,8 +61,23 @@ def _check_fields(engine, spec: RowSpec, terms: dict) -> dict:
             terms[id(rewards)] = row_terms(rewards, engine.lookup)
         except SteerkitError as exc:
             raise tag_param(exc, "rewards") from None
+    check_cost(engine, terms[id(rewards)], k, "k")
     return {"max_tokens": params.max_new_tokens, "temperature": params.temperature, "k": k, "seed": params.seed,
             "stop": list(params.stop), "timeout_s": params.timeout_s, "rewards": terms[id(rewards)]}
+
+
+def check_cost(engine, terms, k: int, what: str) -> None:
+    """Refuse (``param`` "k") a row whose step would cost more than the engine admits: k candidates scored by a
+    sequence reward (each one a text through the reward model) past ``engine.max_k_sequence``. A token-level
+    reward scores the whole vocabulary at once, so its cost does not grow with k."""
+    limit = getattr(engine, "max_k_sequence", None)
+    heavy = [t.name for t in terms if t.is_sequence_reward]
+    if limit is None or k <= limit or not heavy:
+        return
+    raise tag_param(InvalidArgumentError(
+        f"{what}={k} is more than this server scores with a sequence reward ({', '.join(map(repr, heavy))}): at "
+        f"most {limit} candidates per step (steerkit serve --max-k-sequence; GET /v1/models lists the limits). "
+        "Lower k, or use a token-level reward, whose cost does not grow with k."), "k")
 
 
 def _prompt_ids(engine, prompt: str, max_tokens: int) -> list[int]:

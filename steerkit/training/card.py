@@ -73,7 +73,7 @@ def _reproduce(config: TrainConfig) -> str:
 def render_card(config: TrainConfig, metrics: dict) -> str:
     """The model card's markdown, one section after another."""
     training = metrics.get("training", {})
-    out = (_header_lines(config) + _model_lines(config, training) + _usage_lines()
+    out = (_header_lines(config) + _model_lines(config, training) + _usage_lines() + choosing_beta_lines()
            + _evaluation_lines(config, metrics) + cross_source_section(config)
            + _training_data_lines(config, metrics) + _training_lines(config, training)
            + _intended_use_lines(config) + _limitations_lines(config) + _licence_lines(config))
@@ -123,6 +123,26 @@ def _usage_lines() -> list[str]:
         "reward = steerkit.load_reward(\"path/to/this/directory\")",
         "reward.model.score_texts([\"some text\"])",
         "```",
+        "",
+    ]
+
+
+def choosing_beta_lines() -> list[str]:
+    """What β does, and how to measure a good β for this model (no numbers: they depend on the LM, k and the
+    prompts, which a card cannot know)."""
+    return [
+        "## Choosing β",
+        "",
+        "While steering, each of the LM's top-k candidate tokens gets β·ρ added to its logit (ρ in [0, 1]), so β is "
+        "in logit units: at temperature 1 and β = 10, the probability of a candidate with ρ = 1 relative to one with "
+        "ρ = 0 is multiplied by e^10 (about 22,000), and a difference of 0.1 in ρ multiplies it by e (about 2.7). "
+        "β > 0 favours high ρ, β < 0 low ρ.",
+        "",
+        "How far a given β moves the text, and what it costs in fluency, depends on the LM, k, the prompts and how "
+        "far apart this model's rewards of a step's candidates lie, so measure it: "
+        "`steerkit calibrate path/to/this/directory` steers a few prompts at a grid of β and prints each β's mean "
+        "reward and the LM's perplexity of the continuations, with the range of β that moves the reward while the "
+        "median perplexity stays within 1.5× (by default) that of β = 0.",
         "",
     ]
 

@@ -188,7 +188,7 @@ PEER_SURFACES = ("steerkit.serving", "steerkit.evaluation", "steerkit.training",
 
 #: The serving engine's side of steerkit/serving/; every other module there is the HTTP side.
 SERVING_ENGINE_SIDE = frozenset({"steerkit.serving.engine", "steerkit.serving.requests", "steerkit.serving.validation",
-                                 "steerkit.serving.row_terms", "steerkit.serving.loading"})
+                                 "steerkit.serving.row_terms", "steerkit.serving.loading", "steerkit.serving.prefill"})
 
 
 def _matches(name: str, entry: str) -> bool:

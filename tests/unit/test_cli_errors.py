@@ -103,6 +103,11 @@ def _cases():
         "score/unknown-reward": ["score", "--reward", "no-such-reward", "hi"],
         "score/nan-reward": ["score", "--reward", "{nan}", "--json", "hi"],
         "score/longer-than-context": ["score", "--reward", "{rm}", "word " * 400],
+        # calibrate
+        "calibrate/empty-betas": ["calibrate", "{rm}", "--lm", "{lm}", "--betas", ""],
+        "calibrate/beta-nan": ["calibrate", "{rm}", "--lm", "{lm}", "--betas=-5,nan"],
+        "calibrate/unknown-reward": ["calibrate", "no-such-reward", "--lm", "{lm}"],
+        "calibrate/nan-reward": ["calibrate", "{nan}", "--lm", "{lm}", "--betas", "5", "-t", "2", "-n", "1"],
         # train, eval, export, plugins
         "train/missing-config": ["train", "{root}/nope.yaml"],
         "train/duplicate-keys": ["train", "{root}/dup.yaml"],

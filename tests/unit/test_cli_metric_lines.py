@@ -19,8 +19,9 @@ def test_metric_lines_are_single_lines_on_a_narrow_non_terminal(capsys, monkeypa
     train._print_result(result, as_json=False)
     captured = capsys.readouterr()
     lines = captured.err.splitlines()
-    assert len(lines) == 3, lines
+    assert len(lines) == 4, lines
     assert lines[0] == (f"eval {LONG_SET}: n=120 mse=0.1234 auroc=0.912 acc=0.900 mean ρ=0.523 acc@50%=0.933")
     assert lines[1].startswith("eval short: n=120 ") and lines[1].endswith(" mean ρ=0.523 acc@50%=0.933")
     assert lines[2].startswith("dev dev: ") and "acc@50%=0.933" in lines[2]
+    assert lines[3].startswith("Choosing β: `steerkit calibrate /tmp/out` ")  # the one line on how to pick β
     assert captured.out == "/tmp/out\n"

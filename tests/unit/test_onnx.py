@@ -289,3 +289,47 @@ def test_first_use_export_says_so_on_stderr_once(reward_dir, tmp_path, steerkit_
     assert "exporting" in first and str(copy) in first and "first use only" in first and "done in" in first
     OnnxRewardModel.load(copy)
     assert "exporting" not in capfd.readouterr().err
+
+
+# -- the default backend "auto": an export directory runs on onnx without --backend (issue 27, item 5a) -------------
+def test_export_dir_with_no_backend_runs_on_onnx_and_scores_as_backend_onnx(exported, reward_dir, steerkit_cache):
+    from steerkit.rewards.backends import DEFAULT_BACKEND, resolve_backend
+
+    assert DEFAULT_BACKEND == "auto"
+    assert resolve_backend("auto", exported) == "onnx" and resolve_backend("auto", reward_dir) == "torch"
+    assert resolve_backend("auto") == "torch" and resolve_backend("torch", exported) == "torch"  # named: as named
+    auto, onnx = steerkit.load_reward(str(exported)), steerkit.load_reward(str(exported), backend="onnx")
+    assert auto.backend == "onnx" and isinstance(auto.model, OnnxRewardModel)
+    assert auto.model.score_texts(UNEVEN, per_prefix=True) == onnx.model.score_texts(UNEVEN, per_prefix=True)
+    plain = steerkit.load_reward(str(reward_dir))  # a reward-model directory with no backend: torch
+    assert plain.backend == "torch" and type(plain.model) is RewardModel
+    with pytest.raises(ExportError, match="is an ONNX export"):  # a named torch stays what was asked for
+        steerkit.load_reward(str(exported), backend="torch")
+
+
+def test_cli_score_of_an_export_needs_no_backend(exported, steerkit_cache):
+    from typer.testing import CliRunner
+
+    from steerkit.cli import app
+
+    scores = {}
+    for backend in ([], ["--backend", "onnx"], ["--backend", "auto"]):
+        result = CliRunner().invoke(app, ["score", "I hate it", "hello", "-r", str(exported), "--json", *backend])
+        assert result.exit_code == 0, result.output
+        scores[" ".join(backend)] = [r["reward"] for r in json.loads(result.stdout)["results"]]
+    assert scores[""] == scores["--backend onnx"] == scores["--backend auto"]
+    refused = CliRunner().invoke(app, ["score", "hello", "-r", str(exported), "--backend", "torch"])
+    assert refused.exit_code != 0 and isinstance(refused.exception, ExportError)
+
+
+def test_generate_and_configs_run_an_export_with_no_backend(exported, lm, tokenizer, steerkit_cache):
+    from steerkit.config import SteeringConfig
+
+    kw = dict(lm=(lm, tokenizer), rewards={str(exported): -8.0}, k=8, max_new_tokens=10, seed=3, eos_token_id=[])
+    auto, onnx = steerkit.generate(["The quick", "You are"], **kw), steerkit.generate(["The quick", "You are"],
+                                                                                      backend="onnx", **kw)
+    assert torch.equal(auto.sequences, onnx.sequences) and auto.texts == onnx.texts
+    config = SteeringConfig.from_dict({"rewards": [{"name": str(exported), "beta": -8}]})
+    assert config.backend == "auto"
+    (term,) = config.build_terms()
+    assert term.reward.backend == "onnx" and isinstance(term.reward.model, OnnxRewardModel)

@@ -57,7 +57,7 @@ def test_config_generate_and_eval_build_the_same_terms(reward_dir):
         return from_config.reward
 
     (from_eval,) = terms_from_specs(setting.rewards, load=load)
-    assert loaded == [(str(reward_dir), "torch", "full")]
+    assert loaded == [(str(reward_dir), "auto", "full")]  # the default backend: the loader resolves it per reward
     for term in (from_config, from_eval):
         assert term.name == str(reward_dir)
         assert [term.weight(s) for s in range(5)] == [0.0, -1.0, -2.0, -3.0, -4.0]

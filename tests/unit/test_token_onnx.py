@@ -61,5 +61,7 @@ def test_onnx_token_reward_matches_torch_while_decoding(token_dir, tokenizer, lm
     assert manifest["kind"] == "token" and config.kind == "token" and "embeddings.safetensors" in manifest["files"]
     exported = steerkit.load_reward(str(out), backend="onnx")
     assert exported.model.score_texts(texts) == pytest.approx(a, abs=1e-4)
+    auto = steerkit.load_reward(str(out))  # no backend ("auto"): an export runs on onnx
+    assert auto.backend == "onnx" and auto.model.score_texts(texts) == exported.model.score_texts(texts)
     with pytest.raises(steerkit.ExportError, match="backend 'onnx'"):
-        steerkit.load_reward(str(out))  # an export needs the onnx backend
+        steerkit.load_reward(str(out), backend="torch")  # a named torch on an export is refused

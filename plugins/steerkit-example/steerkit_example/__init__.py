@@ -8,8 +8,10 @@ is ``prefix + decode(generated ids + candidate)``; a candidate token is never de
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where a tensor is made: every `steerkit` command (--help too) imports plugins
+    import torch
 
 try:  # first: the steerkit Python imports must be steerkit-rad's (PyPI's 'steerkit' is another project)
     from steerkit.provenance import check_distribution
@@ -65,6 +67,8 @@ class LexiconSession:
 
     def score(self, candidates: torch.Tensor) -> torch.Tensor:
         """[B, k] LM token ids -> [B, k] rewards of each row's text extended by each candidate."""
+        import torch
+
         rows = candidates.tolist()
         sequences = [self.generated[b] + [c] for b, row in enumerate(rows) for c in row]
         texts = self.tokenizer.batch_decode(sequences, skip_special_tokens=True)

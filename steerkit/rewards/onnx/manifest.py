@@ -14,7 +14,7 @@ from pathlib import Path
 from ...errors import ExportError
 from ...files import sha256_file
 from ...models import prepare_tokenizer
-from ..model import RewardModelConfig
+from ..model_config import RewardModelConfig
 
 MANIFEST_NAME = "steerkit_onnx.json"
 MODEL_FILE = "model.onnx"

@@ -7,7 +7,7 @@ from typing import Literal
 
 import torch
 
-from ..backends import DEFAULT_BACKEND, check_backend, get_backend
+from ..backends import DEFAULT_BACKEND, check_backend, get_backend, resolve_backend
 from ..model import RewardModel
 from .sessions import SameTokenizerSession
 from ..vocab import same_vocabulary
@@ -19,7 +19,8 @@ class RewardModelScorer:
     """Scores candidates with a :class:`RewardModel` through a shared-prefix cache.
 
     ``backend`` names a registered backend (:mod:`steerkit.rewards.backends`) that runs ``model``: what that
-    backend's ``load`` returned, or a torch :class:`RewardModel` (the ``onnx`` backend exports it on first use).
+    backend's ``load`` returned, or a torch :class:`RewardModel` (the ``onnx`` backend exports it on first use);
+    ``"auto"`` (the default) is ``torch`` here, where there is a model and no directory to look at.
     ``context="continuation"`` scores only the generated text (what toxicity and sentiment evaluations
     score); ``"full"`` scores prompt + generated text.
     """
@@ -28,7 +29,7 @@ class RewardModelScorer:
                  context: Context = "continuation"):
         self.model = model
         self.name = name or model.config.name
-        self.backend = check_backend(backend)
+        self.backend = resolve_backend(check_backend(backend))
         self.context = context
         self._vocab_match: dict[int, bool] = {}
 

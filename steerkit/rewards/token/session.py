@@ -20,6 +20,7 @@ import torch
 
 from ...errors import InvalidArgumentError, VocabularyMismatchError
 from ..attention import additive, append_mask_4d
+from ..backends import DEFAULT_BACKEND, resolve_backend
 from .model import candidate_logits, realized_logits
 from ..vocab import same_vocabulary
 
@@ -46,10 +47,11 @@ class TokenReward:
 
     kind = "token"
 
-    def __init__(self, model, name: str | None = None, *, backend: str = "torch", context: str = "continuation"):
+    def __init__(self, model, name: str | None = None, *, backend: str = DEFAULT_BACKEND,
+                 context: str = "continuation"):
         self.model = model
         self.name = name or model.config.name
-        self.backend = backend
+        self.backend = resolve_backend(backend)
         self.context = context
 
     def start(self, prefixes: list[str], lm_tokenizer) -> "TokenSession":
@@ -153,7 +155,7 @@ class TokenSession:
 
 
 # -- loading (the ``token`` kind of :mod:`steerkit.rewards.kinds`) ------------------------------------------
-def load_token_model(directory, backend: str = "torch", *, cached: bool = False):
+def load_token_model(directory, backend: str = DEFAULT_BACKEND, *, cached: bool = False):
     """The model of a token-level reward-model directory (or of a backend's export of it), loaded by the backend's
     ``load_token`` (:mod:`steerkit.rewards.backends`). ``cached``: once per process, directory and backend (what
     packaged rewards use)."""
@@ -162,7 +164,7 @@ def load_token_model(directory, backend: str = "torch", *, cached: bool = False)
     return get_kind("token").load_model(directory, backend, cached=cached)
 
 
-def load_token_reward(directory, *, backend: str = "torch", context: str = "continuation",
+def load_token_reward(directory, *, backend: str = DEFAULT_BACKEND, context: str = "continuation",
                       name: str | None = None, cached: bool = False) -> TokenReward:
     from ..kinds import get_kind
 

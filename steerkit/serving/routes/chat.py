@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 
 from ..errors_http import HTTPError
@@ -17,7 +19,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, server
     check_open(request)
     max_tokens, rewards = check_common(server, body)
     check_rows(server.engine, body, 1)
-    prompt = chat_prompt(server, body)
+    prompt = await asyncio.to_thread(chat_prompt, server, body)  # a long conversation: off the event loop
     job = job_for(server, body, "chat", [prompt], max_tokens, rewards)
     return await respond(server, request, job, "messages", body.stream)
 

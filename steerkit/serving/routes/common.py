@@ -60,7 +60,7 @@ def job_for(server: Server, body, kind: str, prompts: list[str], max_tokens: int
 async def respond(server: Server, request: Request, job: cmpl.Job, prompt_param: str, stream: bool):
     """Admit the job's rows and answer: server-sent events as the rows go, or one JSON body once they finish."""
     settings, metrics = server.settings, server.metrics
-    handles = cmpl.admit(server.engine, job, prompt_param=prompt_param, retry_after_s=settings.retry_after_s)
+    handles = await cmpl.admit(server.engine, job, prompt_param=prompt_param, retry_after_s=settings.retry_after_s)
     first = lambda: metrics.first_token(time.perf_counter() - job.received)  # noqa: E731
     rows = cmpl.Rows(handles, settings.timeout_s, on_first_token=first)
     if stream:
@@ -83,6 +83,15 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
+
+
+def limits(server: Server) -> dict:
+    """What one request may ask for and send on this server (``GET /v1/models`` and ``/health`` say it)."""
+    settings, engine = server.settings, server.engine
+    found = {"max_tokens": settings.max_tokens_limit, "max_n": settings.max_n, "max_body_bytes": settings.max_body_bytes,
+             "timeout_s": settings.timeout_s, "api_key_required": settings.api_key is not None}
+    found.update(engine.limits() if hasattr(engine, "limits") else {})
+    return found
 
 
 def plain(value):

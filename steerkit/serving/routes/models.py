@@ -1,10 +1,11 @@
-"""``GET /v1/models``: the one served model, with the steering the server offers (:func:`steering_info`)."""
+"""``GET /v1/models``: the one served model, with the steering the server offers (:func:`steering_info`) and the
+limits of a request (:func:`~.common.limits`)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from .common import plain
+from .common import limits, plain
 from .state import ServerDep
 
 router = APIRouter()
@@ -13,7 +14,8 @@ router = APIRouter()
 @router.get("/v1/models")
 async def models(server: ServerDep):
     return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": 0,
-                                        "owned_by": "steerkit", "steering": steering_info(server.engine)}]}
+                                        "owned_by": "steerkit", "steering": steering_info(server.engine),
+                                        "limits": limits(server)}]}
 
 
 def steering_info(engine) -> dict:

@@ -16,6 +16,7 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 
+from ..guard import LOOPBACK_NAMES
 from ..metrics import ServerMetrics
 
 
@@ -31,6 +32,12 @@ class ServerSettings:
     retry_after_s: float = 1.0            # Retry-After of a 429
     shutdown_deadline_s: float = 30.0     # on shutdown, in-flight rows get this long to finish
     model_name: str | None = None         # the served model's name (default: the engine's)
+    # who may call (serving/guard.py): Host names answered (None: any), the API key, CORS origins
+    hosts: tuple[str, ...] | None = LOOPBACK_NAMES
+    api_key: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    body_timeout_s: float = 30.0          # a body must arrive whole within this (408)
+    stall_s: float = 60.0                 # /health says 503 "stalled" when rows run and no step ended this long
 
 
 @dataclass(frozen=True)
