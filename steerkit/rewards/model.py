@@ -228,7 +228,9 @@ class RewardModel(nn.Module):
 
             if not hasattr(self.backbone, "peft_config"):
                 raise RewardModelFormatError("method is 'lora' but the backbone carries no LoRA adapter.")
-            state = {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(self.backbone).items()}
+            # the adapter only: LoRA never trains the embeddings here (and "auto" would look the backbone up online)
+            adapter = get_peft_model_state_dict(self.backbone, save_embedding_layers=False)
+            state = {k: v.detach().contiguous().cpu() for k, v in adapter.items()}
             _save_atomic(save_file, state, directory / ADAPTER_NAME)
         elif self.config.method == "full":
             state = {k: v.detach().contiguous().cpu() for k, v in self.backbone.state_dict().items()}
