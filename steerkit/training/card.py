@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .config import TrainConfig
@@ -182,7 +183,7 @@ def _training_data_lines(config: TrainConfig, metrics: dict) -> list[str]:
     for stats in metrics.get("data", []):
         source = by_name.get(stats["name"])
         weight, licence = (source.weight, licence_for(source.path, source.licence)) if source else (1.0, "")
-        out.append(f"| {stats['name']} | `{stats['path']}` | {stats['used']} | {stats['train']} | {stats['dev']} | "
+        out.append(f"| {stats['name']} | `{shown_path(stats['path'], config)}` | {stats['used']} | {stats['train']} | {stats['dev']} | "
                    f"{stats.get('augmented', 0)} | {stats['skipped']} | {stats['duplicates']} | {weight:g} | {licence} |")
     out.append("")
     out += augmentation_lines(config, metrics.get("augmentation") or {})
@@ -190,7 +191,8 @@ def _training_data_lines(config: TrainConfig, metrics: dict) -> list[str]:
         out += ["Held-out test files (texts also present in training files were removed from training):", ""]
         for source in config.eval:
             sample = f", seeded sample of {source.limit} rows" if source.limit else ""
-            out.append(f"- `{source.path}` ({source.display_name}{sample}): {licence_for(source.path, source.licence)}")
+            out.append(f"- `{shown_path(source.path, config)}` ({source.display_name}{sample}): "
+                       f"{licence_for(source.path, source.licence)}")
         out.append("")
     out += ["Label transforms, weights and limits are in `training_config.json`. The data files are not "
             "distributed with this model.", ""]
@@ -229,6 +231,16 @@ def _limitations_lines(config: TrainConfig) -> list[str]:
             + [f"- {item.format(max_length=config.max_length)}" for item in GENERIC_LIMITATIONS] + [""])
 
 
+def shown_path(path: str, config: TrainConfig) -> str:
+    """``path`` as the card shows it: a file that sits next to the config (``relative_to: config``, resolved to an
+    absolute path when the config was read) relative to the config's directory, as the config wrote it, so the
+    card does not depend on where the repository was checked out; anything else as it is."""
+    if config.source_file and Path(path).is_absolute():
+        base = Path(config.source_file).resolve().parent
+        return Path(os.path.relpath(Path(path), base)).as_posix()
+    return path
+
+
 def _licence_lines(config: TrainConfig) -> list[str]:
     """Each training and test file's licence, once per (path, licence)."""
     out = ["## Data licences", ""]
@@ -237,7 +249,7 @@ def _licence_lines(config: TrainConfig) -> list[str]:
         licence = licence_for(source.path, source.licence)
         if (source.path, licence) not in seen:
             seen.add((source.path, licence))
-            out.append(f"- `{source.path}`: {licence}")
+            out.append(f"- `{shown_path(source.path, config)}`: {licence}")
     out.append("")
     return out
 
