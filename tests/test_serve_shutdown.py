@@ -141,12 +141,16 @@ def test_requests_cut_by_the_deadline_get_the_documented_errors(model_dirs):
     lm_dir, rm_dir, _ = model_dirs
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start(["--lm", str(lm_dir), "--reward", f"{rm_dir}=3", "-k", "100", "--shutdown-deadline", "0.5"], port)
+    proc = start(["--lm", str(lm_dir), "--reward", f"{rm_dir}=3", "-k", "100", "--shutdown-deadline", "0.5",
+                  "--max-running", "32"], port)
     try:
         wait_healthy(proc, url)
         results = {}
+        # 24 rows × 240 tokens decoded together (--max-running 32): seconds of work on any machine, far past the
+        # 0.5 s deadline; every request is running when SIGTERM comes (the stream has its first token)
         body = {"prompt": "Hello", "max_tokens": 240, "seed": 0, "n": 8}
         threads = [post_in_thread(url, body, results, i) for i in range(2)]
+        wait_until(lambda: httpx.get(url + "/health", timeout=5).json()["running"] == 16, timeout=30, interval=0.01)
         events = []
         with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
             lines = r.iter_lines()

@@ -1,0 +1,188 @@
+"""Write the hate-speech training files of `../shared/data/toxicity/` that are not plain copies (issue 26).
+
+Run from the repository root with the upstream repositories fetched as bare git directories (no work tree
+needed: every file is read with ``git show COMMIT:PATH`` at the pinned commit):
+
+    python plugins/steerkit-toxicity/data/convert_hate_sources.py \
+        --toxigen /path/to/microsoft+TOXIGEN/repo --stormfront /path/to/Vicomtech+hate-speech-dataset/repo \
+        --out ../shared/data/toxicity
+
+It writes
+
+* ``toxigen_human_statements/statements.csv``: every distinct human-written statement of ToxiGen
+  (microsoft/TOXIGEN ``demonstrations/**`` and the statements inside ``prompts/*_1k.txt``), one row each:
+  ``text,label,groups,files`` with label ``hate`` / ``neutral`` from the file name. The prompt files hold the
+  same statements joined as ``- s1\\n- s2\\n-`` (Python-escaped, apostrophes removed by upstream's
+  ``demonstrations_to_prompts.py``); where a statement is also in ``demonstrations/`` that text (with its
+  apostrophes) is kept. Statements are de-duplicated on lower-cased words, apostrophes ignored.
+* ``stormfront_hate_speech/{train,test}.csv``: the Stormfront sentences (Vicomtech/hate-speech-dataset
+  ``all_files/*.txt``) joined with ``annotations_metadata.csv``: ``file_id,subforum_id,num_contexts,label,text``,
+  label as upstream (``hate``, ``noHate``, ``relation``, ``idk/skip``; the config maps the first two and skips
+  the rest). ``test.csv`` is upstream's balanced ``sampled_test/`` (the paper's test set), ``train.csv``
+  everything else. ``user_id`` is dropped.
+
+The LICENSE files of both repositories are copied next to the data (CDLA-Permissive-2.0 asks that its text
+travel with shared data; CC BY-SA asks for the licence notice). Stdlib only; nothing here is packaged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+TOXIGEN_COMMIT = "01517e814639e0334c920a3c502036c8158aac87"
+STORMFRONT_COMMIT = "b802137e8314c38a8d4faa965f9908d6c8e7a84d"
+
+_WORDS = re.compile(r"[\W_]+", re.UNICODE)
+_LABEL_FILE = re.compile(r"^(hate|neutral)_(.+?)(?:_sentences|_1k)?\.txt$")
+
+
+def key(text: str) -> str:
+    """De-duplication key: steerkit.training.data.normalise's (lower case, punctuation and spacing removed) after
+    dropping apostrophes, which upstream removed from the prompt files' copies of the statements."""
+    return _WORDS.sub(" ", text.replace("'", "").replace("\u2019", "").lower()).strip()
+
+
+def label_and_group(path: str) -> tuple[str, str]:
+    """``prompts/hate_asian_1k.txt`` -> (hate, asian);
+    ``demonstrations/religion/neutral_muslim.txt`` -> (neutral, muslim)."""
+    match = _LABEL_FILE.match(path.rsplit("/", 1)[-1])
+    if match is None:
+        raise ValueError(f"{path}: not a hate_*/neutral_* statement file")
+    return match.group(1), match.group(2)
+
+
+def prompt_statements(line: str) -> list[str]:
+    """The statements of one line of a ToxiGen prompt file (``- s1\\n- s2\\n-``, written with repr()[1:-1])."""
+    if not line.strip():
+        return []
+    decoded = ast.literal_eval("'" + line.rstrip("\r\n") + "'")  # upstream removed every apostrophe first
+    out = []
+    for part in decoded.split("\n"):
+        part = part.strip()
+        if part.startswith("-"):
+            part = part[1:].strip()
+        if part:
+            out.append(part)
+    return out
+
+
+def demonstration_statements(content: str) -> list[str]:
+    return [line.strip() for line in content.split("\n") if line.strip()]
+
+
+def merge_toxigen(demonstrations: dict[str, str], prompts: dict[str, str]) -> list[dict]:
+    """Rows ``{text, label, groups, files}`` from {path: content} of both folders; raises on a label conflict."""
+    rows: dict[str, dict] = {}
+    for kind, files in (("demonstrations", demonstrations), ("prompts", prompts)):
+        for path in sorted(files):
+            label, group = label_and_group(path)
+            lines = (demonstration_statements(files[path]) if kind == "demonstrations"
+                     else [s for line in files[path].split("\n") for s in prompt_statements(line)])
+            for text in lines:
+                k = key(text)
+                if not k:
+                    continue
+                row = rows.setdefault(k, {"text": text, "label": label, "groups": set(), "files": set()})
+                if row["label"] != label:
+                    raise ValueError(f"{text!r} is {row['label']} in {sorted(row['files'])} and {label} in {path}")
+                row["groups"].add(group)
+                row["files"].add(path)
+    return [{"text": r["text"], "label": r["label"], "groups": ";".join(sorted(r["groups"])),
+             "files": ";".join(sorted(r["files"]))} for r in rows.values()]
+
+
+def join_stormfront(metadata_csv: str, texts: dict[str, str], test_ids: set[str]) -> tuple[list[dict], list[dict]]:
+    """(train rows, test rows) from annotations_metadata.csv and {file_id: sentence}."""
+    train, test = [], []
+    for record in csv.DictReader(io.StringIO(metadata_csv)):
+        file_id = record["file_id"]
+        if file_id not in texts:
+            raise ValueError(f"annotations_metadata.csv names {file_id}, which all_files/ lacks")
+        text = " ".join(texts[file_id].split())
+        row = {"file_id": file_id, "subforum_id": record["subforum_id"], "num_contexts": record["num_contexts"],
+               "label": record["label"], "text": text}
+        (test if file_id in test_ids else train).append(row)
+    return train, test
+
+
+# -- git access (read-only) ------------------------------------------------------------------------------------
+
+def _git(repo: Path, *args: str) -> bytes:
+    return subprocess.run(["git", "--git-dir", str(repo), *args], check=True, capture_output=True).stdout
+
+
+def _ls(repo: Path, commit: str, folder: str) -> list[str]:
+    return [p for p in _git(repo, "ls-tree", "-r", "--name-only", commit, folder).decode().split("\n") if p]
+
+
+def _show(repo: Path, commit: str, path: str) -> str:
+    return _git(repo, "show", f"{commit}:{path}").decode("utf-8")
+
+
+def _resolve(repo: Path, commit: str) -> str:
+    full = _git(repo, "rev-parse", "--verify", f"{commit}^{{commit}}").decode().strip()
+    if full != commit:
+        raise SystemExit(f"{repo}: {commit} resolves to {full}")
+    return full
+
+
+def _write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _copy_blob(repo: Path, commit: str, path: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(_git(repo, "show", f"{commit}:{path}"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--toxigen", type=Path, help="git directory of microsoft/TOXIGEN")
+    parser.add_argument("--stormfront", type=Path, help="git directory of Vicomtech/hate-speech-dataset")
+    parser.add_argument("--out", type=Path, required=True, help="the toxicity folder of the shared data")
+    args = parser.parse_args(argv)
+    if args.toxigen is None and args.stormfront is None:
+        parser.error("give --toxigen and/or --stormfront")
+
+    if args.toxigen is not None:
+        repo, commit = args.toxigen, _resolve(args.toxigen, TOXIGEN_COMMIT)
+        demos = {p: _show(repo, commit, p) for p in _ls(repo, commit, "demonstrations") if p.endswith(".txt")}
+        prompts = {p: _show(repo, commit, p) for p in _ls(repo, commit, "prompts") if p.endswith(".txt")}
+        rows = merge_toxigen(demos, prompts)
+        out = args.out / "toxigen_human_statements"
+        _write_csv(out / "statements.csv", rows, ["text", "label", "groups", "files"])
+        _copy_blob(repo, commit, "LICENSE.txt", out / "LICENSE.txt")
+        hate = sum(r["label"] == "hate" for r in rows)
+        print(f"ToxiGen @{commit[:7]}: {len(rows)} statements ({hate} hate, {len(rows) - hate} neutral) -> {out}")
+
+    if args.stormfront is not None:
+        repo, commit = args.stormfront, _resolve(args.stormfront, STORMFRONT_COMMIT)
+        texts = {Path(p).stem: _show(repo, commit, p) for p in _ls(repo, commit, "all_files")}
+        test_ids = {Path(p).stem for p in _ls(repo, commit, "sampled_test")}
+        train, test = join_stormfront(_show(repo, commit, "annotations_metadata.csv"), texts, test_ids)
+        out = args.out / "stormfront_hate_speech"
+        fields = ["file_id", "subforum_id", "num_contexts", "label", "text"]
+        _write_csv(out / "train.csv", train, fields)
+        _write_csv(out / "test.csv", test, fields)
+        _copy_blob(repo, commit, "LICENSE", out / "LICENSE")
+        for name, part in (("train", train), ("test", test)):
+            counts = {}
+            for r in part:
+                counts[r["label"]] = counts.get(r["label"], 0) + 1
+            print(f"Stormfront @{commit[:7]} {name}: {len(part)} sentences {counts} -> {out / (name + '.csv')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

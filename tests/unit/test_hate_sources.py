@@ -1,0 +1,131 @@
+"""Issue 26's hate-speech training sources: the conversion script's parsing (tiny data built here), the
+candidate config `plugins/steerkit-toxicity/train_0.3.0.yaml` (its new sources, licences, and the
+leave-one-source-out fold over them), and, where ../shared/data has the converted files, that they read as the
+data README says and share nothing with the functional cases."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import SHARED_DATA
+from steerkit.training.config import TrainConfig
+from steerkit.training.data import normalise
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = ROOT / "plugins" / "steerkit-toxicity"
+CONFIG = PLUGIN / "train_0.3.0.yaml"
+NEW_GROUPS = ["ToxiGen statements", "Stormfront"]
+NEW_FILES = [SHARED_DATA / "toxicity" / "toxigen_human_statements" / "statements.csv",
+             SHARED_DATA / "toxicity" / "stormfront_hate_speech" / "train.csv",
+             SHARED_DATA / "toxicity" / "stormfront_hate_speech" / "test.csv"]
+requires_hate_data = pytest.mark.skipif(
+    not all(p.is_file() for p in NEW_FILES),
+    reason=f"the converted hate-speech files are not under {SHARED_DATA / 'toxicity'} "
+           "(plugins/steerkit-toxicity/data/convert_hate_sources.py writes them)")
+
+
+@pytest.fixture(scope="module")
+def convert():
+    spec = importlib.util.spec_from_file_location("convert_hate_sources", PLUGIN / "data" / "convert_hate_sources.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_label_and_group_come_from_the_upstream_file_name(convert):
+    assert convert.label_and_group("prompts/hate_asian_1k.txt") == ("hate", "asian")
+    assert convert.label_and_group("demonstrations/disability/neutral_mental_disability_sentences.txt") == (
+        "neutral", "mental_disability")
+    assert convert.label_and_group("demonstrations/religion/hate_muslim.txt") == ("hate", "muslim")
+    with pytest.raises(ValueError):
+        convert.label_and_group("prompts/README.txt")
+
+
+def test_a_prompt_line_is_unescaped_and_split_into_statements(convert):
+    # upstream writes repr(prompt)[1:-1] of "- s1\n- s2\n-": newlines and backslashes arrive escaped
+    line = r"- they are all lazy\n- a slash \\ and caf\xe9 stay\n-" + "\n"
+    assert convert.prompt_statements(line) == ["they are all lazy", "a slash \\ and caf\u00e9 stay"]
+    assert convert.prompt_statements("   \n") == []
+
+
+def test_toxigen_statements_are_merged_once_with_the_demonstration_text(convert):
+    demos = {"demonstrations/race/hate_black_sentences.txt": "they don't belong here\nthey don't belong here\n"}
+    prompts = {"prompts/hate_black_1k.txt": r"- they dont belong here\n- go back\n-" + "\n",
+               "prompts/neutral_black_1k.txt": r"- black history matters\n-" + "\n",
+               "prompts/hate_immigrant_1k.txt": r"- go back\n-" + "\n"}
+    rows = {r["text"]: r for r in convert.merge_toxigen(demos, prompts)}
+    # the prompt's copy lost its apostrophe upstream: one statement, with the demonstration's text
+    assert set(rows) == {"they don't belong here", "go back", "black history matters"}
+    assert rows["they don't belong here"]["files"] == ("demonstrations/race/hate_black_sentences.txt;"
+                                                       "prompts/hate_black_1k.txt")
+    assert rows["go back"]["groups"] == "black;immigrant" and rows["go back"]["label"] == "hate"
+    assert rows["black history matters"]["label"] == "neutral"
+
+
+def test_a_statement_with_both_labels_is_an_error(convert):
+    prompts = {"prompts/hate_women_1k.txt": r"- women drive\n-", "prompts/neutral_women_1k.txt": r"- Women drive.\n-"}
+    with pytest.raises(ValueError, match="(?i)women drive"):
+        convert.merge_toxigen({}, prompts)
+
+
+def test_stormfront_rows_join_metadata_and_text_and_split_off_the_test_sample(convert):
+    metadata = ("file_id,user_id,subforum_id,num_contexts,label\n"
+                "1_1,9,1346,0,noHate\n1_2,9,1346,1,hate\n2_1,8,1345,0,relation\n")
+    texts = {"1_1": "Nice  weather\n", "1_2": "They ruin every place .", "2_1": "and them too"}
+    train, test = convert.join_stormfront(metadata, texts, test_ids={"1_2"})
+    assert [r["file_id"] for r in train] == ["1_1", "2_1"] and [r["file_id"] for r in test] == ["1_2"]
+    assert train[0] == {"file_id": "1_1", "subforum_id": "1346", "num_contexts": "0", "label": "noHate",
+                        "text": "Nice weather"}
+    assert "user_id" not in test[0]
+    with pytest.raises(ValueError, match="3_1"):
+        convert.join_stormfront(metadata + "3_1,7,1,0,hate\n", texts, set())
+
+
+def test_the_candidate_config_names_the_new_sources_with_their_licences():
+    config = TrainConfig.from_file(CONFIG)
+    new = [s for s in config.data if s.metrics_name in NEW_GROUPS]
+    assert {s.metrics_name for s in new} == set(NEW_GROUPS)
+    assert all(s.licence for s in new)
+    # the functional cases and upstream's Stormfront test sample are evaluated, never trained on
+    trained = {Path(s.path).name for s in config.data}
+    assert "toxicity.jsonl" not in trained and "test.csv" not in trained
+    assert {"toxicity.jsonl", "test.csv"} <= {Path(s.path).name for s in config.eval}
+
+
+@pytest.mark.parametrize("group", NEW_GROUPS)
+def test_each_new_source_can_be_held_out_whole(group):
+    config = TrainConfig.from_file(CONFIG, overrides={"leave_out": [group]})
+    kept, held = config.split_leave_out()
+    assert held and {s.group for s in held} == {f"left out: {group}"}
+    assert group not in {s.metrics_name for s in kept} and len(kept) + len(held) == len(config.data)
+
+
+@requires_hate_data
+def test_the_converted_files_read_with_the_documented_counts():
+    config = TrainConfig.from_file(CONFIG, overrides={"data_root": str(SHARED_DATA)})
+    dataset = config.read_dataset()
+    by_name = {st.name: st for st in dataset.stats}
+    assert by_name["ToxiGen statements"].rows == 688
+    assert by_name["Stormfront (hate)"].used == 957
+    assert by_name["Stormfront (no hate)"].used == 5000  # limit over 9,268 noHate sentences
+    stormfront_test = next(ex for s, ex, _ in dataset.eval_sets if s.display_name == "Stormfront test")
+    assert len(stormfront_test) == 478 and sum(e.label for e in stormfront_test) == 239
+    toxigen = [e for e in dataset.train + dataset.dev if dataset.sources[e.source].display_name == "ToxiGen statements"]
+    assert sum(e.label for e in toxigen) == 382
+
+
+@requires_hate_data
+def test_the_new_sources_share_no_text_with_the_functional_cases():
+    cases = [json.loads(line) for name in ("toxicity.jsonl", "sentiment.jsonl")
+             for line in (ROOT / "tests" / "functional" / name).read_text(encoding="utf-8").splitlines()
+             if line.strip()]
+    functional = {normalise(c["text"]) for c in cases}
+    config = TrainConfig.from_file(CONFIG, overrides={"data_root": str(SHARED_DATA), "eval": []})
+    dataset = config.read_dataset()
+    new = {normalise(e.text) for e in dataset.train + dataset.dev
+           if dataset.sources[e.source].metrics_name in NEW_GROUPS}
+    assert len(new) > 6000 and not new & functional
