@@ -234,6 +234,17 @@ def _dequantized_cache(source: ModelSource) -> Path:
     return entry
 
 
+def hf_directory(reference: str | os.PathLike) -> Path:
+    """The Hugging Face directory (safetensors, config, tokenizer) of a model reference, for engines that load
+    one (vLLM): a packaged model's or a GGUF file's dequantized cache entry (built once), a directory itself."""
+    source = resolve(reference)
+    if source.kind in {"packaged", "gguf"}:
+        return _dequantized_cache(source)
+    if source.kind == "directory":
+        return Path(source.location)
+    raise ModelNotFoundError(f"{source.reference!r} is a hub id; vLLM loads hub ids itself (pass it as model=).")
+
+
 def load_tokenizer(reference: str | os.PathLike, source: ModelSource | None = None):
     """Load the tokenizer for a model reference (left padding, a pad token always set)."""
     from transformers import AutoTokenizer

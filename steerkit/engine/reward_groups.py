@@ -55,12 +55,16 @@ class RewardGroup:
         return [r for p in self.parts for r in p.rows]
 
     # -- rebuilding --------------------------------------------------------------------------------------
+    def _start(self, rows: list[Row]):
+        """A session over ``rows`` (which have generated equally many tokens), their tokens replayed."""
+        session = self.reward.start([r.prompt for r in rows], self.tokenizer)
+        for t in range(len(rows[0].ids)):
+            session.commit(torch.tensor([r.ids[t] for r in rows], dtype=torch.long))
+        return session
+
     def _alone(self, row: Row) -> Part:
         """A single-row part for ``row``, replaying its generated tokens; raises what the reward raises."""
-        session = self.reward.start([row.prompt], self.tokenizer)
-        for token in row.ids:
-            session.commit(torch.tensor([token], dtype=torch.long))
-        return Part([row], session, False)
+        return Part([row], self._start([row]), False)
 
     def _rebuild(self, rows: list[Row], failed: dict) -> list[Part]:
         parts = []
@@ -73,13 +77,21 @@ class RewardGroup:
 
     # -- rows joining and leaving ------------------------------------------------------------------------
     def join(self, rows: list[Row]) -> dict:
-        """Start sessions for newcomers (which have generated nothing yet) and merge them in."""
-        failed: dict = {}
+        """Start sessions for newcomers and merge them in. A newcomer that has generated tokens already (a host
+        engine's request resumed after preemption, ``steerkit.integrations``) has them replayed first; newcomers
+        of different lengths join as one cohort per length."""
+        lengths = sorted({len(r.ids) for r in rows})
+        if len(lengths) > 1:
+            failed: dict = {}
+            for n in lengths:
+                failed.update(self.join([r for r in rows if len(r.ids) == n]))
+            return failed
+        failed = {}
         if self.strict:
-            self.parts.append(Part(list(rows), self.reward.start([r.prompt for r in rows], self.tokenizer), False))
+            self.parts.append(Part(list(rows), self._start(rows), False))
             return failed
         try:
-            session = self.reward.start([r.prompt for r in rows], self.tokenizer)
+            session = self._start(rows)
         except Exception:  # noqa: BLE001 - find the rows that break it
             self.parts += self._rebuild(rows, failed)
             return failed

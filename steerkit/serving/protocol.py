@@ -11,6 +11,10 @@ take OpenAI's fields (``model``, ``max_tokens``, ``temperature``, ``n``, ``seed`
 - ``reward_trace``: ``true`` adds each token's per-reward ρ to the response (``reward_trace`` on each choice,
   or on each streamed chunk).
 
+``vllm_xargs`` (vLLM's per-request extra arguments) is accepted beside them, in the form steerkit's vLLM logits
+processor reads (docs/vllm.md): ``{"rewards": ["toxicity=-20"], "k": 20}`` (``rewards`` also in any form above),
+translated into the same ``rewards`` and ``k``, so a client written against vLLM + steerkit runs here unchanged.
+
 Validation is strict: wrong JSON types (``"k": "5"``, ``"stream": 1``) are refused, not coerced, and unknown
 fields are refused with the closest known name. OpenAI fields that steerkit does not implement are accepted
 only at their neutral value (``top_p: 1``, ``presence_penalty: 0``, ``logprobs: null`` ...), so a request never
@@ -62,6 +66,8 @@ class _Request(BaseModel):
     rewards: Any = Field(default=None, description="name -> beta, or a list of reward specs; {} is unsteered")
     k: int | None = Field(default=None, description="Top-k candidates reweighted per step")
     reward_trace: bool = Field(default=False, description="Return each token's per-reward rho")
+    vllm_xargs: Any = Field(default=None, description="vLLM's extra arguments: rewards ('name=beta' strings or any "
+                                                      "rewards form) and k, as under vLLM with steerkit's processor")
 
     @model_validator(mode="before")
     @classmethod
@@ -99,6 +105,40 @@ class _Request(BaseModel):
     def _rewards(cls, value):
         return parse_rewards(value)
 
+    @field_validator("vllm_xargs")
+    @classmethod
+    def _vllm_xargs(cls, value):
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError("vllm_xargs must be an object ({\"rewards\": [\"toxicity=-20\"], \"k\": 20}).")
+        unknown = sorted(str(key) for key in value if key not in VLLM_XARGS)
+        if unknown:
+            raise ValueError(f"vllm_xargs.{unknown[0]} is not a steering field; steerkit reads "
+                             f"{' and '.join(VLLM_XARGS)} from vllm_xargs.")
+        out = {}
+        if "rewards" in value:
+            try:
+                out["rewards"] = parse_rewards(value["rewards"], strings=True)
+            except ValueError as exc:
+                raise ValueError(f"vllm_xargs.rewards: {exc}") from None
+            for entry in out["rewards"] or ():  # an unknown name found later is blamed where the client wrote it
+                if getattr(entry, "_param", None):
+                    entry._param = f"vllm_xargs.{entry._param}"
+        if "k" in value:
+            if type(value["k"]) is not int:
+                raise ValueError(f"vllm_xargs.k must be an integer, got {value['k']!r:.40}.")
+            out["k"] = value["k"]
+        return out
+
+    @model_validator(mode="after")
+    def _from_vllm_xargs(self):
+        for key, parsed in (self.vllm_xargs or {}).items():
+            if getattr(self, key) is not None:
+                raise ValueError(f"field '{key}' is given twice, at the top level and in vllm_xargs; send one.")
+            setattr(self, key, parsed)
+        return self
+
     def limit(self) -> int | None:
         return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
 
@@ -107,16 +147,21 @@ def _neutral(value, neutral: tuple) -> bool:
     return any(type(value) is type(n) and value == n for n in neutral)
 
 
-def parse_rewards(value) -> list | None:
-    """``rewards`` as sent: None (server default), a name -> β mapping, or a list of reward specs, parsed by
-    :func:`steerkit.params.parse_rewards` (the one parser; its errors become pydantic's ``ValueError``)."""
+#: The keys of ``vllm_xargs`` steerkit reads (what steerkit.integrations.requests reads under vLLM).
+VLLM_XARGS = ("rewards", "k")
+
+
+def parse_rewards(value, strings: bool = False) -> list | None:
+    """``rewards`` as sent: None (server default), a name -> β mapping, or a list of reward specs (``strings``:
+    ``"name=β"`` items too, vLLM's form), parsed by :func:`steerkit.params.parse_rewards` (the one parser; its
+    errors become pydantic's ``ValueError``)."""
     from ..errors import SteerkitError
     from ..params import parse_rewards as parse
 
     if isinstance(value, dict) and any(not name for name in value):
         raise ValueError("a reward name is empty; use a name from GET /v1/models (steering.rewards).")
     try:
-        return parse(value)
+        return parse(value, strings=strings)
     except SteerkitError as exc:
         raise ValueError(str(exc)) from None
 

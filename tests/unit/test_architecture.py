@@ -178,13 +178,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "steerkit.engine.core", "steerkit.engine.rows", "steerkit.engine.lm_cache", "steerkit.engine.reward_groups")),
     ("terms and parameters", ("steerkit.steering", "steerkit.params", "steerkit.terms", "steerkit.config")),
     ("decoding and set-up", ("steerkit", "steerkit.decoding", "steerkit.hf", "steerkit.assembly")),
-    ("surfaces", ("steerkit.serving.*", "steerkit.evaluation.*", "steerkit.training.*", "steerkit.testing")),
+    ("surfaces", ("steerkit.serving.*", "steerkit.evaluation.*", "steerkit.training.*", "steerkit.testing",
+                  "steerkit.integrations.*")),
     ("distribution", ("steerkit.distributed.*",)),
     ("command line", ("steerkit.cli.*", "steerkit.__main__")),
 )
 
 #: Surfaces that stand side by side: none imports another (what two of them share belongs in a lower layer).
-PEER_SURFACES = ("steerkit.serving", "steerkit.evaluation", "steerkit.training", "steerkit.testing")
+PEER_SURFACES = ("steerkit.serving", "steerkit.evaluation", "steerkit.training", "steerkit.testing",
+                 "steerkit.integrations")
 
 #: The serving engine's side of steerkit/serving/; every other module there is the HTTP side.
 SERVING_ENGINE_SIDE = frozenset({"steerkit.serving.engine", "steerkit.serving.requests", "steerkit.serving.validation",

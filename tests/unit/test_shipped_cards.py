@@ -14,7 +14,13 @@ from steerkit.training.card import render_card
 from steerkit.training.config import DATA_ROOT_ENV, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted(ROOT.glob("plugins/*/train*.yaml"))
+def _ships_a_model(config_path: Path) -> bool:
+    """A config whose output directory holds a trained model (a shipped one); a candidate config (e.g. a new
+    version being prepared, writing under runs/) has no card yet."""
+    return (Path(TrainConfig.from_file(config_path).output_dir) / "reward_config.json").is_file()
+
+
+CONFIGS = sorted(p for p in ROOT.glob("plugins/*/train*.yaml") if _ships_a_model(p))
 REGENERATE = ("re-render it from the repository root: python -c \"import json; from pathlib import Path; "
               "from steerkit.training.config import TrainConfig; from steerkit.training.card import render_card; "
               "c = TrainConfig.from_file('{config}'); d = Path(c.output_dir); "
