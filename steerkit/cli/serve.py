@@ -61,7 +61,7 @@ def serve(
                                               "origin that may call the API from a browser (CORS). \\[default: none]"),
     max_k_sequence: int = typer.Option(200, "--max-k-sequence", min=1, help="Largest k a row may use with a "
                                        "sequence reward (each candidate is a reward-model forward); past it: 400."),
-    prefill_chunk: int = typer.Option(512, "--prefill-chunk", min=1, help="A longer prompt is prefilled this many "
+    prefill_chunk: int = typer.Option(256, "--prefill-chunk", min=1, help="A longer prompt is prefilled this many "
                                       "tokens at a time, between decode steps."),
     max_connections: int = typer.Option(256, "--max-connections", min=1, help="Open connections and running "
                                         "requests at most; past it: 503."),

@@ -58,7 +58,7 @@ from .validation import check_cost, prepare_rows
 IDLE_WAIT_S = 0.05
 
 #: A prompt longer than this many tokens is prefilled this many at a time, one chunk between decode steps.
-PREFILL_CHUNK = 512
+PREFILL_CHUNK = 256  # measured: docs/performance.md, "A long prompt beside a short request"
 
 
 class EngineObserver(Protocol):
