@@ -184,3 +184,29 @@ def test_listening_beyond_loopback_without_a_key_warns(key):
         assert not warned
     else:
         assert len(warned) == 1 and "without an API key" in warned[0] and "--api-key" in warned[0]
+
+
+def test_the_security_and_cost_flags_reach_the_server(model_dirs):
+    """`steerkit serve`'s issue-24 flags, end to end in a process: the API key (flag and STEERKIT_API_KEY alike), the
+    cost and liveness limits (GET /health lists them), and the Host allow-list."""
+    lm_dir, rm_dir = model_dirs
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start(["--lm", str(lm_dir), "--reward", f"{rm_dir}=3", "--api-key", "sk-cli", "--max-k-sequence", "50",
+                  "--prefill-chunk", "64",
+                  "--stall-timeout", "7", "--allowed-hosts", "steer.internal", "--max-connections", "32"], port)
+    try:
+        wait_healthy(proc, url)
+        limits = httpx.get(url + "/health").json()["limits"]
+        assert (limits["max_k_sequence"], limits["prefill_chunk_tokens"], limits["stall_timeout_s"]) == (50, 64, 7.0)
+        assert limits["api_key_required"] is True
+        assert httpx.get(url + "/v1/models").status_code == 401
+        key = {"Authorization": "Bearer sk-cli"}
+        assert httpx.get(url + "/v1/models", headers=key).status_code == 200
+        assert httpx.get(url + "/health", headers={"Host": "steer.internal"}).status_code == 200
+        assert httpx.get(url + "/health", headers={"Host": "other.example"}).status_code == 400
+        body = {"prompt": "Hi", "max_tokens": 1, "k": 60, "rewards": {str(rm_dir): 1}}
+        r = httpx.post(url + "/v1/completions", json=body, headers=key, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "k"
+    finally:
+        stop(proc)

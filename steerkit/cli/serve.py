@@ -65,6 +65,8 @@ def serve(
                                       "tokens at a time, between decode steps."),
     max_connections: int = typer.Option(256, "--max-connections", min=1, help="Open connections and running "
                                         "requests at most; past it: 503."),
+    stall_timeout: float = typer.Option(60.0, "--stall-timeout", min=0.1, help="/health answers 503 'stalled' when "
+                                        "rows wait and no decode step ended for this many seconds."),
     read_timeout: float = typer.Option(30.0, "--read-timeout", min=0.1, help="Seconds a client has to send a "
                                        "request's headers, and then its body."),
 ):
@@ -79,7 +81,7 @@ def serve(
                   "machine can run generations. Pass --api-key (or set STEERKIT_API_KEY).", soft_wrap=True)
     _check_port_free(host, port)
     security = {"api_key": api_key, "hosts": hosts, "allowed_origins": tuple(allowed_origins),
-                "body_timeout_s": read_timeout}
+                "body_timeout_s": read_timeout, "stall_s": stall_timeout}
     if prefer:
         apply_preferences(prefer)
     if config is not None or lm is not None or reward or k is not None or backend is not None:

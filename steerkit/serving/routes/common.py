@@ -89,7 +89,8 @@ def limits(server: Server) -> dict:
     """What one request may ask for and send on this server (``GET /v1/models`` and ``/health`` say it)."""
     settings, engine = server.settings, server.engine
     found = {"max_tokens": settings.max_tokens_limit, "max_n": settings.max_n, "max_body_bytes": settings.max_body_bytes,
-             "timeout_s": settings.timeout_s, "api_key_required": settings.api_key is not None}
+             "timeout_s": settings.timeout_s, "api_key_required": settings.api_key is not None,
+             "stall_timeout_s": settings.stall_s}
     found.update(engine.limits() if hasattr(engine, "limits") else {})
     return found
 
