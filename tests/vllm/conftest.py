@@ -18,7 +18,7 @@ def vllm_installed() -> bool:
 
 
 VLLM = vllm_installed()
-NEED_VLLM = ["test_vllm_offline.py", "test_vllm_server.py"]
+NEED_VLLM = ["test_vllm_offline.py", "test_vllm_preemption.py", "test_vllm_server.py"]
 collect_ignore = [] if VLLM else NEED_VLLM
 
 # vLLM's engine in this process (8 s to start, not 60), its KV cache small enough for CI (GiB)

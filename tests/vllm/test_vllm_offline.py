@@ -88,6 +88,7 @@ def test_many_short_requests_keep_their_rows(llm):
     ({"rewards": {"toxicty": -5}}, "vllm_xargs.rewards.toxicty"),
     ({"rewards": {"toxicity": -5}, "k": 0}, "vllm_xargs.k"),
     ({"k": 5}, "vllm_xargs.k"),
+    ({"rewards": {"toxicity": -5}, "k": 49153}, "vllm_xargs.k"),  # SmolLM2's vocabulary: 49152
 ])
 def test_a_bad_value_is_refused_naming_the_field(llm, extra, field):
     from vllm import SamplingParams
@@ -96,6 +97,50 @@ def test_a_bad_value_is_refused_naming_the_field(llm, extra, field):
     with pytest.raises(VLLMValidationError) as info:
         llm.generate(PROMPTS[:1], SamplingParams(max_tokens=3, extra_args=extra), use_tqdm=False)
     assert info.value.parameter == field, str(info.value)
+
+
+def test_k_is_bounded_by_the_vocabulary_vllm_built_the_processor_for(llm, monkeypatch):
+    """validate_params learns the vocabulary from the processor vLLM built in this process; a frontend with no
+    engine in its process reads $STEERKIT_VLLM_VOCAB_SIZE (refused: a k above it; a setting that is no size)."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    from steerkit.integrations import vllm as integration
+
+    assert integration.known_vocab_size() == llm.llm_engine.model_config.get_vocab_size() == 49152
+    ok = SamplingParams(max_tokens=1, extra_args={"rewards": {"toxicity-token": -5}, "k": 49152})
+    integration.RADLogitsProcessor.validate_params(ok)
+    monkeypatch.setattr(integration, "_LEARNED", set())
+    monkeypatch.setenv(integration.VOCAB_ENV, "100")
+    with pytest.raises(VLLMValidationError) as info:
+        llm.generate(PROMPTS[:1], SamplingParams(max_tokens=3, extra_args={"rewards": ["sentiment=1"], "k": 101}),
+                     use_tqdm=False)
+    assert info.value.parameter == "vllm_xargs.k" and "[1, 100]" in str(info.value)
+    monkeypatch.setenv(integration.VOCAB_ENV, "many")
+    with pytest.raises(VLLMValidationError, match=integration.VOCAB_ENV):
+        llm.generate(PROMPTS[:1], SamplingParams(max_tokens=3, extra_args={"rewards": ["sentiment=1"]}),
+                     use_tqdm=False)
+
+
+def test_a_k_above_the_vocabulary_that_gets_past_validation_fails_loudly(llm, monkeypatch, caplog):
+    """Where validate_params cannot know the vocabulary (here: forgotten), the request is refused where it is
+    steered: an ERROR naming vllm_xargs.k, and it ends at once (EOS, vLLM's only way); its neighbours go on."""
+    from vllm import SamplingParams
+
+    from steerkit.integrations import vllm as integration
+
+    monkeypatch.setattr(integration, "_LEARNED", set())
+    monkeypatch.delenv(integration.VOCAB_ENV, raising=False)
+    plain = run(llm, PROMPTS[1:2], max_tokens=8)[0]
+    bad = SamplingParams(temperature=0, max_tokens=8, extra_args={"rewards": ["sentiment=30"], "k": 10**6})
+    with caplog.at_level("ERROR", logger="steerkit.integrations"):
+        outs = llm.generate(PROMPTS[:2], [bad, SamplingParams(temperature=0, max_tokens=8)], use_tqdm=False)
+    refused, neighbour = outs[0].outputs[0], outs[1].outputs[0]
+    assert refused.token_ids == [llm.get_tokenizer().eos_token_id] and refused.text == ""
+    assert list(neighbour.token_ids) == plain
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("vllm_xargs.k" in m and "refused after vLLM admitted the request" in m and integration.VOCAB_ENV in m
+               for m in errors), errors
 
 
 def toxic_prompts(count: int) -> list[str]:

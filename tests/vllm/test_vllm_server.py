@@ -5,11 +5,13 @@ one client runs unchanged against vLLM + steerkit and against ``steerkit serve``
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -29,7 +31,11 @@ PROMPTS = ["The movie was", "You are such a"]
 def vllm_url(model_dir, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # vLLM's API server validates in its own process and runs the engine in another (always, in 0.32): the
+    # processor's validate_params there learns the vocabulary from the documented setting (docs/vllm.md)
+    vocab = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))["vocab_size"]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "STEERKIT_VLLM_VOCAB_SIZE": str(vocab)}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
            "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--max-model-len", "512", "--enforce-eager", "--seed", "0",
@@ -110,6 +116,7 @@ def test_unsteered_and_chat_requests_work_beside_steered_ones(vllm_url):
     ({"rewards": ["toxicity"]}, "vllm_xargs.rewards"),
     ({"rewards": ["toxicity=-5"], "k": 0}, "vllm_xargs.k"),
     ({"rewards": ["toxicty=-5"]}, "vllm_xargs.rewards.0"),
+    ({"rewards": ["toxicity=-5"], "k": 49153}, "vllm_xargs.k"),  # above SmolLM2's vocabulary (49152)
 ])
 def test_a_bad_vllm_xargs_value_is_a_400_naming_the_field(vllm_url, xargs, field):
     with pytest.raises(openai.BadRequestError) as info:
