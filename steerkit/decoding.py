@@ -17,7 +17,7 @@ from .errors import InvalidArgumentError, PromptTooLongError
 from .models import context_length
 from .params import SteerParams
 from .steering import SteeringTerm, check_terms, warn_if_slow
-from .validators import check_unicode, validate_int, validate_k
+from .validators import validate_int, validate_k, validate_prompts
 from .terms import build_terms  # noqa: F401 (steerkit.decoding.build_terms: the Python API's rewards)
 
 
@@ -56,21 +56,6 @@ class GenerationOutput:
     def to_records(self) -> list[dict]:
         return [{"prompt": p, "text": t, "num_new_tokens": n}
                 for p, t, n in zip(self.prompts, self.texts, self.num_new_tokens)]
-
-
-def _validate_prompts(prompts: Sequence[str]) -> list[str]:
-    if isinstance(prompts, str):
-        prompts = [prompts]
-    if prompts is None or isinstance(prompts, (bytes, dict)) or not hasattr(prompts, "__iter__"):
-        raise InvalidArgumentError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}.")
-    prompts = list(prompts)
-    if not prompts:
-        raise InvalidArgumentError("No prompts given: pass at least one non-empty prompt string.")
-    for i, p in enumerate(prompts):
-        if not isinstance(p, str) or not p:
-            raise InvalidArgumentError(f"Prompt {i} is empty or not a string ({p!r}); every prompt needs some text.")
-        check_unicode(p, f"Prompt {i}")
-    return prompts
 
 
 def sample_token(scores: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -161,7 +146,7 @@ class RewardAugmentedGenerator:
                  eos_token_id=None, stop_strings: Sequence[str] | None = None, include_stop_strings: bool = True,
                  chat_template: bool = False, return_traces: bool = False, batch_size: int | None = None,
                  progress: bool = False) -> GenerationOutput:
-        prompts = _validate_prompts(prompts)
+        prompts = validate_prompts(prompts)
         params = SteerParams.create(max_new_tokens=max_new_tokens, temperature=temperature, do_sample=do_sample,
                                     seed=seed, stop=stop_strings, include_stop=include_stop_strings,
                                     zero_temperature=False)

@@ -112,6 +112,23 @@ def check_unicode(text: str, what: str) -> None:
         ) from None
 
 
+def validate_prompts(prompts) -> list[str]:
+    """A string or a list of non-empty, valid-Unicode strings, as a list (what ``generate`` and ``steerkit
+    calibrate`` take)."""
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    if prompts is None or isinstance(prompts, (bytes, dict)) or not hasattr(prompts, "__iter__"):
+        raise InvalidArgumentError(f"prompts must be a string or a list of strings, got {type(prompts).__name__}.")
+    prompts = list(prompts)
+    if not prompts:
+        raise InvalidArgumentError("No prompts given: pass at least one non-empty prompt string.")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str) or not p:
+            raise InvalidArgumentError(f"Prompt {i} is empty or not a string ({p!r}); every prompt needs some text.")
+        check_unicode(p, f"Prompt {i}")
+    return prompts
+
+
 def validate_timeout(value) -> float | None:
     if value is None:
         return None

@@ -8,6 +8,8 @@ import contextlib
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -178,3 +180,33 @@ def failing_reward(rm, name: str = "boom", after: int = 2) -> WrappedReward:
 
 def slow_reward(rm, name: str = "slow", seconds: float = 0.05) -> WrappedReward:
     return WrappedReward(RewardModelScorer(rm), name, lambda: time.sleep(seconds))
+
+
+def start_serve(args, port: int, env: dict | None = None) -> subprocess.Popen:
+    """``python -m steerkit serve --port PORT --log-level warning *args`` as a process (1 torch thread), with
+    ``env`` over this process's environment; its stdout and stderr are pipes."""
+    full = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", "steerkit", "serve", "--port", str(port), "--log-level", "warning",
+                             *args], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def stop_process(proc) -> None:
+    """Kill the server if it still runs, reap it and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.communicate(timeout=30)
+
+
+def wait_healthy(proc, url: str, timeout: float = 90) -> None:
+    """Wait until ``url``/health answers 200; AssertionError with the server's stderr if it exited first."""
+    import httpx
+
+    def healthy():
+        if proc.poll() is not None:
+            raise AssertionError(f"the server exited with {proc.returncode}: {proc.stderr.read()}")
+        try:
+            return httpx.get(url + "/health", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(healthy, timeout=timeout, interval=0.2)

@@ -16,7 +16,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from serve_support import free_port, save_tiny_reward, wait_until  # noqa: E402
+from serve_support import free_port, save_tiny_reward, start_serve, wait_healthy  # noqa: E402
+from serve_support import stop_process as stop  # noqa: E402
 
 from steerkit.testing import make_tokenizer, save_tiny_lm  # noqa: E402
 
@@ -34,28 +35,7 @@ def model_dirs(tmp_path_factory):
 
 def start(args, port):
     # no plugins: the server then loads only the tiny models named here (not every installed reward)
-    env = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "STEERKIT_PLUGINS": ""}
-    return subprocess.Popen([sys.executable, "-m", "steerkit", "serve", "--port", str(port), "--log-level", "warning",
-                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def stop(proc):
-    """Kill the server if it still runs, reap it and close its pipes."""
-    if proc.poll() is None:
-        proc.kill()
-    proc.communicate(timeout=30)
-
-
-def wait_healthy(proc, url):
-    def healthy():
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited with {proc.returncode}: {proc.stderr.read()}")
-        try:
-            return httpx.get(url + "/health", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until(healthy, timeout=90, interval=0.2)
+    return start_serve(args, port, {"STEERKIT_PLUGINS": ""})
 
 
 def test_sigterm_finishes_the_request_in_flight_then_exits(model_dirs):

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from serve_support import ServerThread, free_port, save_tiny_reward, wait_until  # noqa: E402
+from serve_support import ServerThread, free_port, save_tiny_reward, start_serve, wait_healthy  # noqa: E402
 
 from steerkit import registry  # noqa: E402
 from steerkit.config import SteeringConfig  # noqa: E402
@@ -146,24 +146,11 @@ def test_a_preference_serves_the_bare_name_from_the_chosen_provider(site, models
 
 def serve_process(site, lm, *args):
     port = free_port()
-    env = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           registry.ENV_ALLOWLIST: ",".join(PACKAGES), "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
-    env.pop(PREFER, None)
-    proc = subprocess.Popen([sys.executable, "-m", "steerkit", "serve", "--lm", str(lm), "--port", str(port),
-                             "--log-level", "warning", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    env = {registry.ENV_ALLOWLIST: ",".join(PACKAGES), "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    proc = start_serve(["--lm", str(lm), *args], port, env)
     url = f"http://127.0.0.1:{port}"
-
-    def healthy():
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited with {proc.returncode}: {proc.stderr.read()}")
-        try:
-            return httpx.get(url + "/health", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
     try:
-        wait_until(healthy, timeout=90, interval=0.2)
+        wait_healthy(proc, url)
     except BaseException:
         stop(proc)
         raise

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -24,7 +22,8 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from serve_support import free_port, save_tiny_reward, wait_until  # noqa: E402
+from serve_support import free_port, save_tiny_reward, start_serve, wait_healthy, wait_until  # noqa: E402
+from serve_support import stop_process as stop  # noqa: E402
 
 from steerkit.testing import make_tokenizer, save_tiny_lm, write_distribution  # noqa: E402
 
@@ -77,30 +76,10 @@ def model_dirs(tmp_path_factory):
 
 
 def start(args, port, *, site=None):
-    env = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "STEERKIT_PLUGINS": "slow-reward" if site else ""}
+    env = {"STEERKIT_PLUGINS": "slow-reward" if site else ""}
     if site:
-        env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
-    return subprocess.Popen([sys.executable, "-m", "steerkit", "serve", "--port", str(port), "--log-level", "warning",
-                             *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.kill()
-    proc.communicate(timeout=30)
-
-
-def wait_healthy(proc, url):
-    def healthy():
-        if proc.poll() is not None:
-            raise AssertionError(f"the server exited with {proc.returncode}: {proc.stderr.read()}")
-        try:
-            return httpx.get(url + "/health", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_until(healthy, timeout=90, interval=0.2)
+        env["PYTHONPATH"] = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    return start_serve(args, port, env)
 
 
 def post_in_thread(url, body, results, key):

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from .lm_cache import LMBatch
-from .reward_groups import RewardGroup
+from .reward_groups import RewardGroup, join_groups
 from .rows import Row
 from .step import BatchPlan, StepOutput, make_plan, rad_step, raise_non_finite
 
@@ -97,16 +97,7 @@ class EngineCore:
         return failed
 
     def _join_rewards(self, rows: list[Row]) -> dict:
-        by_reward: dict[int, list[Row]] = {}
-        for row in rows:
-            for reward in {id(t.reward): t.reward for t in row.terms}.values():
-                by_reward.setdefault(id(reward), []).append(row)
-                if id(reward) not in self.groups:
-                    self.groups[id(reward)] = RewardGroup(self._names(reward), reward, self.tokenizer, self.strict)
-        failed: dict = {}
-        for key, members in by_reward.items():
-            failed.update(self.groups[key].join(members))
-        return failed
+        return join_groups(self.groups, rows, self.tokenizer, strict=self.strict, name_of=self._names)
 
     def remove(self, gone) -> dict:
         """Drop rows from the batch and every reward group; returns rows that broke while groups were rebuilt."""

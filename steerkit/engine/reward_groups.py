@@ -41,6 +41,22 @@ class Part:
         return self._index[1]
 
 
+def join_groups(groups: dict, rows: list, tokenizer, *, strict: bool, name_of) -> dict:
+    """Add ``rows`` to the reward groups of ``groups`` (``{id(reward): RewardGroup}``), one group per reward their
+    terms use (made on first use, named ``name_of(reward)``). Returns ``{row: exception}`` for rows that could not
+    join. The engine core and a host engine's batch (:mod:`steerkit.integrations.batch`) both join through it."""
+    by_reward: dict[int, list] = {}
+    for row in rows:
+        for reward in {id(t.reward): t.reward for t in row.terms}.values():
+            by_reward.setdefault(id(reward), []).append(row)
+            if id(reward) not in groups:
+                groups[id(reward)] = RewardGroup(name_of(reward), reward, tokenizer, strict)
+    failed: dict = {}
+    for key, members in by_reward.items():
+        failed.update(groups[key].join(members))
+    return failed
+
+
 class RewardGroup:
     """One reward and its parts. Methods return ``{row: exception}`` for the rows that failed; a ``strict``
     group (``steerkit.generate``: one failure fails the call) raises instead, and never rebuilds rows."""

@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 from ..errors import InvalidArgumentError, NonFiniteRewardError
 from ..models import DEFAULT_LM
 from ..rewards.backends import DEFAULT_BACKEND
-from ..validators import check_unicode, validate_beta, validate_int, validate_seed
+from ..validators import validate_beta, validate_int, validate_prompts, validate_seed
 from .metrics import distinct_n, median_perplexity, nanmean
 
 DEFAULT_BETAS = (-40.0, -20.0, -10.0, -5.0, 0.0, 5.0, 10.0, 20.0, 40.0)
@@ -75,14 +75,8 @@ def check_ratio(ratio) -> float:
 
 
 def check_prompts(prompts: Sequence[str] | None) -> list[str]:
-    prompts = list(DEFAULT_PROMPTS if prompts is None else prompts)
-    if not prompts:
-        raise InvalidArgumentError("No prompts to calibrate on: give at least one, or none for the built-in set.")
-    for i, prompt in enumerate(prompts):
-        if not isinstance(prompt, str) or not prompt:
-            raise InvalidArgumentError(f"Prompt {i} is {prompt!r}; prompts must be non-empty strings.")
-        check_unicode(prompt, f"prompt {i}")
-    return prompts
+    """The prompts as ``generate`` checks them (:func:`steerkit.validators.validate_prompts`); None: the built-in set."""
+    return validate_prompts(DEFAULT_PROMPTS if prompts is None else prompts)
 
 
 def _number(value) -> float | None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..engine.reward_groups import RewardGroup
+from ..engine.reward_groups import RewardGroup, join_groups
 from ..engine.rows import Row
 from ..engine.step import BatchPlan, make_plan, raise_non_finite, score_step
 
@@ -155,18 +155,9 @@ class HostedBatch:
             failed.update(self._join([e.row for e in rejoin]))
 
     def _join(self, rows: list[Row]) -> dict:
-        by_reward: dict[int, list[Row]] = {}
-        for row in rows:
-            for reward in {id(t.reward): t.reward for t in row.terms}.values():
-                by_reward.setdefault(id(reward), []).append(row)
-                if id(reward) not in self.groups:
-                    name = getattr(reward, "name", "reward")
-                    self.groups[id(reward)] = RewardGroup(name, reward, self.tokenizer, strict=False)
-        failed: dict = {}
-        for key, members in by_reward.items():
-            failed.update(self.groups[key].join(members))
         self._plan = None
-        return failed
+        return join_groups(self.groups, rows, self.tokenizer, strict=False,
+                           name_of=lambda reward: getattr(reward, "name", "reward"))
 
     def _drop_gone(self) -> None:
         while self._gone:  # leaving may fail more rows (a rebuild that broke), which leave in turn
