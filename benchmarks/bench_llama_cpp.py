@@ -20,6 +20,8 @@ import platform
 import time
 from pathlib import Path
 
+from steerkit.files import atomic_write_text
+
 PROMPTS = ["You are such a", "The weather in Paris today is", "I can't believe my landlord would"]
 REWARDS = {"plain": {}, "toxicity-token": {"toxicity-token": -20.0}, "toxicity": {"toxicity": -20.0}}
 
@@ -88,10 +90,7 @@ def main() -> None:
     report = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg(),
                           "llama_cpp_python": llama_cpp.__version__}, "tokens": args.tokens, "prompts": PROMPTS,
               "rows": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2, ensure_ascii=False))
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, json.dumps(report, indent=2, ensure_ascii=False))
     for row in rows:
         extra = f", steerkit/llama.cpp {row['steerkit_over_llama_cpp']}×" if "steerkit_over_llama_cpp" in row else ""
         print(f"{row['engine']:10s} {row['steering']:15s} {row['ms_per_token']:7.2f} ms/token "

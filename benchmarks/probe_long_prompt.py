@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from steerkit.files import atomic_write_text
+
 
 def run(engine_cls, parts, prompt: str, chunk: int, delay: float) -> dict:
     from steerkit.serving.requests import FinishEvent, RowSpec
@@ -80,10 +82,7 @@ def main() -> None:
     report = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load": os.getloadavg()},
               "prompt_tokens": len(parts.tokenizer(prompt, add_special_tokens=False)["input_ids"]),
               "delay_s": args.delay, "runs": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, json.dumps(report, indent=2))
     print(f"wrote {args.out}")
 
 

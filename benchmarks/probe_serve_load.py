@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from steerkit.files import atomic_write_text
+
 import httpx
 
 KEY = "sk-probe"
@@ -146,10 +148,7 @@ def main() -> None:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, args.out)
+    atomic_write_text(args.out, json.dumps(report, indent=2))
     print(f"wrote {args.out}")
 
 
