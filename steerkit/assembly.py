@@ -10,6 +10,7 @@ rewards are loaded, the LM is loaded, and the LM and the torch reward models are
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -39,30 +40,74 @@ class Assembled:
 
 
 def assemble(lm="smollm2-135m-instruct", rewards=None, *, k: int = 20, backend: str = "auto",
-             device: str | None = None, load: Callable | None = None, defaults: dict | None = None) -> Assembled:
+             device: str | None = None, load: Callable | None = None, defaults: dict | None = None,
+             engine: str = "steerkit") -> Assembled:
     """Set up steering: ``lm`` is a model reference (packaged name, directory, .gguf file, hub id) or a
     ``(model, tokenizer)`` pair; ``rewards`` any form :func:`steerkit.params.parse_rewards` reads; ``load``
     (``load(reference, context)``) finds rewards by reference (default: the registry and reward-model
-    directories, for ``backend``; ``"auto"``: an ONNX export runs on ``onnx``, anything else on ``torch``)."""
+    directories, for ``backend``; ``"auto"``: an ONNX export runs on ``onnx``, anything else on ``torch``).
+    ``engine="llama.cpp"`` runs the LM (a packaged model or a .gguf file) in llama.cpp, on the CPU; the step,
+    the rewards and sampling are the same engine core's."""
     from .devices import place, resolve_device
-    from .models import load_causal_lm_cached
     from .params import parse_rewards, resolve_terms
     from .terms import reference_loader
+    from .validators import validate_engine
 
+    validate_engine(engine)
     if device is not None:
         device = resolve_device(device)  # a bad or absent device fails before the slow loads
+        if engine == "llama.cpp" and device != "cpu":
+            from .errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"engine='llama.cpp' runs on the CPU here; device={device!r} needs the "
+                                       "default engine (engine='steerkit').")
     terms = resolve_terms(parse_rewards(rewards), load or reference_loader(backend))
-    model, tokenizer = lm if isinstance(lm, tuple) else load_causal_lm_cached(str(lm))[:2]
+    model, tokenizer = lm if isinstance(lm, tuple) else load_lm(str(lm), engine)
     if device is not None:
         model = place(model, terms, device)
     return Assembled(model, tokenizer, terms, k, device, dict(defaults or {}))
+
+
+def load_lm(reference: str, engine: str = "steerkit"):
+    """``(model, tokenizer)`` for an LM reference, loaded once per process for the engine that runs it."""
+    if engine == "llama.cpp":
+        return load_llama_cpp_lm_cached(reference)[:2]
+    from .models import load_causal_lm_cached
+
+    return load_causal_lm_cached(reference)[:2]
+
+
+def load_llama_cpp_lm(reference: str, *, max_context: int | None = None, threads: int | None = None):
+    """``(LlamaCppLM, tokenizer, source)`` for a packaged model or a ``.gguf`` file (llama.cpp runs GGUF only)."""
+    from .engine.llama_cpp_lm import LlamaCppLM, import_llama_cpp
+    from .errors import ModelFormatError
+    from .models import load_tokenizer, resolve
+
+    source = resolve(reference)
+    if source.kind not in {"packaged", "gguf"} or not source.location.endswith(".gguf"):
+        raise ModelFormatError(
+            f"engine='llama.cpp' runs GGUF files; {reference!r} is a {source.kind} model. Pass a packaged model "
+            "(e.g. smollm2-135m-instruct) or a .gguf file, or use engine='steerkit'.")
+    import_llama_cpp()
+    lm = LlamaCppLM(source.location, max_context=max_context, threads=threads, name=str(reference))
+    tokenizer = load_tokenizer(reference, source)
+    if len(tokenizer) != lm.vocab_size:
+        raise ModelFormatError(f"{reference!r}: the tokenizer has {len(tokenizer)} tokens but the GGUF's vocabulary "
+                               f"has {lm.vocab_size}.")
+    return lm, tokenizer, source
+
+
+@functools.lru_cache(maxsize=2)
+def load_llama_cpp_lm_cached(reference: str):
+    """:func:`load_llama_cpp_lm`, memoised per process (the CLI and :func:`steerkit.generate` reuse models)."""
+    return load_llama_cpp_lm(reference)
 
 
 def assemble_config(config, *, load: Callable | None = None) -> Assembled:
     """Set up a :class:`~steerkit.config.SteeringConfig` (its LM, rewards, k, backend and device); its sampling
     settings become the defaults of :meth:`Assembled.generate`."""
     return assemble(config.lm, list(config.rewards), k=config.k, backend=config.backend, device=config.device,
-                    load=load, defaults=generation_settings(config))
+                    load=load, defaults=generation_settings(config), engine=config.engine)
 
 
 def generation_settings(config) -> dict:
@@ -73,7 +118,8 @@ def generation_settings(config) -> dict:
 
 
 def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", rewards=None, k: int = 20,
-             backend: str = "auto", device: str | None = None, **kwargs) -> GenerationOutput:
+             backend: str = "auto", device: str | None = None, engine: str = "steerkit",
+             **kwargs) -> GenerationOutput:
     """Steered generation in one call.
 
     ``lm`` is a model reference (packaged name, directory, .gguf file, hub id) or a ``(model, tokenizer)``
@@ -84,5 +130,7 @@ def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", reward
     ``num_return_sequences``, ``eos_token_id``, ``stop_strings``, plus ``seed``, ``chat_template``,
     ``return_traces``, ``batch_size`` and ``progress``. ``device`` (cpu, cuda, …) moves the LM and the
     torch reward models there; without it everything stays where it is (loaded models: on the CPU).
+    ``engine="llama.cpp"`` runs a packaged or .gguf LM in llama.cpp (the ``llama-cpp`` extra; docs/llama_cpp.md)
+    with the same step, rewards and random stream.
     """
-    return assemble(lm, rewards, k=k, backend=backend, device=device).generate(prompts, **kwargs)
+    return assemble(lm, rewards, k=k, backend=backend, device=device, engine=engine).generate(prompts, **kwargs)

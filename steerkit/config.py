@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -28,6 +28,9 @@ def check_backend_name(name: str) -> str:
 
 BackendName = Annotated[str, AfterValidator(check_backend_name)]
 """A config field naming a reward backend, validated against the table of registered backends."""
+
+EngineName = Literal["steerkit", "llama.cpp"]
+"""Which engine runs the LM (:data:`steerkit.validators.ENGINES`)."""
 
 
 class ValidatedConfig(BaseModel):
@@ -58,6 +61,8 @@ class SteeringConfig(ValidatedConfig):
     chat_template: bool = False
     backend: BackendName = "auto"  # each reward picks: an ONNX export runs on onnx, anything else on torch
     device: DeviceName = None  # torch device for the LM and torch reward models: cpu (default), cuda, cuda:1, mps
+    #: which engine runs the LM: steerkit's own (transformers), or llama.cpp on a GGUF file (docs/llama_cpp.md)
+    engine: EngineName = "steerkit"
     prompts: list[str] = []
 
     @field_validator("temperature")

@@ -209,8 +209,9 @@ class RewardAugmentedGenerator:
                           stream_text=False)  # the texts are decoded once at the end
         rows = [Row(raw, row_ids, self.terms, self.k, params.temperature, params.max_new_tokens, list(params.stop),
                     params.include_stop) for raw, row_ids in zip(raw_prompts, prompt_ids)]
-        core.admit(rows, together=True)
         max_new_tokens = params.max_new_tokens
+        core.batch.reserve(len(rows), max(len(ids) for ids in prompt_ids) + max_new_tokens)
+        core.admit(rows, together=True)
         generated, trace = [], []
         for step in range(max_new_tokens):
             report = core.step(keep_output=return_traces)

@@ -145,3 +145,14 @@ def validate_sampling_temperature(value) -> float:
         if value < 0:
             raise InvalidArgumentError(f"temperature must be >= 0 (0 is greedy decoding), got {value!r}.")
     return validate_temperature(value)
+
+
+#: The engines that can run the LM: steerkit's own (transformers) and llama.cpp (a GGUF file, ``[llama-cpp]``).
+ENGINES = ("steerkit", "llama.cpp")
+
+
+def validate_engine(engine) -> str:
+    if engine not in ENGINES:
+        raise InvalidArgumentError(f"engine={engine!r}: choose one of {', '.join(map(repr, ENGINES))} "
+                                   "('llama.cpp' runs a GGUF file through llama-cpp-python; docs/llama_cpp.md).")
+    return engine

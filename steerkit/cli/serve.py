@@ -31,6 +31,8 @@ def serve(
     k: Optional[int] = typer.Option(None, "--k", "-k", help="Default top-k candidates per step. \\[default: 20]"),
     backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch, onnx or auto (an ONNX "
                                           "export runs on onnx, anything else on torch). \\[default: auto]"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="What runs the LM: steerkit (transformers) or "
+                                         "llama.cpp (a packaged or .gguf LM; docs/llama_cpp.md). \\[default: steerkit]"),
     max_running: int = typer.Option(16, "--max-running", min=1, help="Rows decoded together at most."),
     max_queue: int = typer.Option(64, "--max-queue", min=1, help="Rows waiting at most; beyond it: HTTP 429."),
     timeout: float = typer.Option(300.0, "--timeout", min=0.0, help="Seconds a request may take from admission "
@@ -84,9 +86,9 @@ def serve(
                 "body_timeout_s": read_timeout, "stall_s": stall_timeout}
     if prefer:
         apply_preferences(prefer)
-    if config is not None or lm is not None or reward or k is not None or backend is not None:
+    if config is not None or lm is not None or reward or k is not None or backend is not None or engine is not None:
         cfg = SteeringConfig.from_file(config) if config else SteeringConfig()
-        overrides = {"lm": lm, "k": k, "backend": backend}
+        overrides = {"lm": lm, "k": k, "backend": backend, "engine": engine}
         cfg = cfg.with_overrides({key: v for key, v in overrides.items() if v is not None})
         if reward:
             cfg = cfg.with_rewards([parse_reward_weight(s) for s in reward])

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from .lm_cache import LMBatch
+from .lm_cache import lm_batch
 from .reward_groups import RewardGroup, join_groups
 from .rows import Row
 from .step import BatchPlan, StepOutput, make_plan, rad_step, raise_non_finite
@@ -58,7 +58,7 @@ class EngineCore:
         self.vocab_size = vocab_size
         self.shared_rng, self.strict = shared_rng, strict
         self.stream_text = stream_text  # False: a row's text is tracked only to find its stop strings
-        self.batch = LMBatch(lm)
+        self.batch = lm_batch(lm)
         self.rows: list[Row] = []
         self.groups: dict[int, RewardGroup] = {}
         self._names = names or (lambda reward: getattr(reward, "name", "reward"))

@@ -81,6 +81,11 @@ class LMBatch:
     def size(self) -> int:
         return self.mask.shape[0]
 
+    def reserve(self, rows: int, tokens: int) -> int:
+        """Room for ``rows`` rows of ``tokens`` tokens; returns the tokens a row may hold. A transformers cache
+        grows as it goes (llama.cpp's context is sized up front: :class:`~steerkit.engine.llama_cpp_lm.LlamaCppBatch`)."""
+        return tokens
+
     def prefill(self, ids: list[int]) -> Prefilled:
         """Run one prompt alone, in one forward (as ``steerkit.generate`` runs a batch of one): the same logits
         whatever else is running."""
@@ -148,3 +153,10 @@ class LMBatch:
                          use_cache=True, **cache_kwargs(self.model, self.cache))
         self.pos = self.pos + 1
         self.logits = out.logits[:, -1, :].float()
+
+
+def lm_batch(lm):
+    """The engine core's LM state for ``lm``: its own (``lm.make_batch()``: llama.cpp's
+    :class:`~steerkit.engine.llama_cpp_lm.LlamaCppBatch`), else a transformers :class:`LMBatch`."""
+    make = getattr(lm, "make_batch", None)
+    return make() if callable(make) else LMBatch(lm)

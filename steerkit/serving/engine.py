@@ -98,6 +98,8 @@ class Engine:
         self.model_name = model_name or getattr(config, "_name_or_path", None) or type(lm).__name__
         self._core = EngineCore(self.lm, tokenizer, eos=self.eos, vocab_size=self.vocab_size,
                                 names=lambda reward: _reward_name(reward, self.lookup))
+        if self.context is not None:  # llama.cpp sizes its KV cache now, and may give a row fewer tokens
+            self.context = self._core.batch.reserve(self.max_running, self.context)
         self._core.batch.prefill([tokenizer.eos_token_id or 0])  # an LM whose KV cache cannot be batched fails now
         self._prefills = Prefills(self._core.batch, self.prefill_chunk)
         self._queue: deque[Row] = deque()

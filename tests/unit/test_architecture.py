@@ -175,7 +175,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the step", ("steerkit.engine", "steerkit.engine.step", "steerkit.engine.text")),
     ("models and rewards", ("steerkit.models", "steerkit.devices", "steerkit.rewards.*")),
     ("the engine core", (
-        "steerkit.engine.core", "steerkit.engine.rows", "steerkit.engine.lm_cache", "steerkit.engine.reward_groups")),
+        "steerkit.engine.core", "steerkit.engine.rows", "steerkit.engine.lm_cache", "steerkit.engine.reward_groups",
+        "steerkit.engine.llama_cpp_lm")),
     ("terms and parameters", ("steerkit.steering", "steerkit.params", "steerkit.terms", "steerkit.config")),
     ("decoding and set-up", ("steerkit", "steerkit.decoding", "steerkit.hf", "steerkit.assembly")),
     ("surfaces", ("steerkit.serving.*", "steerkit.evaluation.*", "steerkit.training.*", "steerkit.testing",

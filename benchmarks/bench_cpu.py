@@ -1,0 +1,205 @@
+"""Steered decoding on this CPU, side by side in one run (issue 25, item 4): llama.cpp and steerkit's engines.
+
+1 thread, greedy, ``--tokens`` new tokens per row, the packaged SmolLM2-135M-Instruct. Rows:
+
+* **llama.cpp's own loop** (llama-cpp-python ``Llama``), batch 1: plain at Q4_1 (the packaged file), Q8_0 and F32
+  (both made from it by ``steerkit.integrations.gguf_files.convert_gguf``); Q4_1 + ``toxicity-token`` and +
+  ``toxicity`` through :class:`~steerkit.integrations.llama_cpp.LlamaCppRAD` as its ``logits_processor``.
+* **steerkit's engine core with llama.cpp as the LM** (``engine="llama.cpp"``, Q4_1): plain, ``toxicity-token``,
+  ``toxicity``; batch 1 and 8.
+* **steerkit's own engine** (``engine="steerkit"``, transformers, eager, F32: the same file dequantized): the same
+  rows. A compiled step and int8 weights (issue 25, item 3) are not built: the JSON lists them as such.
+
+Rewards: β = −20, k = 20. Every row runs once untimed first (loads, first forwards). For each row: ms per token
+(wall time over generated tokens; at batch 8 tokens of all rows), the ratio to the same engine plain, the weight
+bytes an LM step reads, and its floor: those bytes over the read bandwidth measured here (single-threaded numpy
+sum over 512 MiB, best of 5), divided by the batch. Also the agreement of greedy ``toxicity-token`` RAD through
+llama.cpp at Q4_1 and at F32 with steerkit's engine (per step of the common prefix: same top-k set, same token),
+and the load average before and after. JSON to benchmarks/results/bench_cpu.json.
+
+    CMAKE_ARGS="-DGGML_NATIVE=ON" pip install -e ".[llama-cpp]"     # once (a source build)
+    python benchmarks/bench_cpu.py                                   # ~6 min on a quiet machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+from steerkit.files import atomic_write_text
+
+LM = "smollm2-135m-instruct"
+PROMPTS = ["You are such a", "The weather in Paris today is", "I can't believe my landlord would",
+           "My favourite thing about winter is", "The meeting was cancelled because", "He looked at me and said",
+           "The best way to learn a language is", "Those people are always"]
+REWARDS = {"plain": {}, "toxicity-token": {"toxicity-token": -20.0}, "toxicity": {"toxicity": -20.0}}
+
+
+def read_bandwidth() -> float:
+    """Bytes per second a single thread reads: best of 5 numpy sums over 512 MiB of float32."""
+    import numpy as np
+
+    data = np.ones(128 * 1024 * 1024, dtype=np.float32)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return data.nbytes / best
+
+
+def llama_own_loop(llm, tokenizer, rewards, tokens: int, prompts) -> tuple[float, int, list[str]]:
+    import llama_cpp
+
+    from steerkit.integrations.llama_cpp import LlamaCppRAD
+
+    kwargs = {}
+    if rewards:
+        kwargs["logits_processor"] = llama_cpp.LogitsProcessorList([LlamaCppRAD.from_rewards(tokenizer, rewards,
+                                                                                            k=20)])
+    count, texts, start = 0, [], time.perf_counter()
+    for prompt in prompts:
+        llm.reset()
+        out = llm.create_completion(tokenizer(prompt)["input_ids"], max_tokens=tokens, temperature=0,
+                                    top_k=0 if rewards else 1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, **kwargs)
+        texts.append(out["choices"][0]["text"])
+        count += out["usage"]["completion_tokens"]
+    return time.perf_counter() - start, count, texts
+
+
+def engine_run(lm, rewards, tokens: int, prompts, batch: int) -> tuple[float, int, list[str]]:
+    import steerkit
+
+    count, texts, start = 0, [], time.perf_counter()
+    for lo in range(0, len(prompts), batch):
+        out = steerkit.generate(prompts[lo:lo + batch], lm=lm, rewards=rewards, k=20, max_new_tokens=tokens,
+                                do_sample=False)
+        texts += out.texts
+        count += sum(out.num_new_tokens)
+    return time.perf_counter() - start, count, texts
+
+
+def agreement(reference, other, prompts, tokens: int) -> dict:
+    """Greedy toxicity-token RAD through ``other`` against ``reference``, per step of each row's common prefix."""
+    import steerkit
+
+    kwargs = dict(rewards=REWARDS["toxicity-token"], k=20, max_new_tokens=tokens, do_sample=False,
+                  return_traces=True)
+    a = steerkit.generate(prompts, lm=reference, **kwargs)
+    b = steerkit.generate(prompts, lm=other, **kwargs)
+    steps = same_topk = same_token = 0
+    prefix = []
+    for row in range(len(prompts)):
+        common = 0
+        for sa, sb in zip(a.traces[0], b.traces[0]):
+            pa, pb = int(sa.chosen[row]), int(sb.chosen[row])
+            if pa < 0 or pb < 0:
+                break
+            steps += 1
+            same_topk += set(sa.topk_ids[row].tolist()) == set(sb.topk_ids[row].tolist())
+            ta, tb = int(sa.topk_ids[row, pa]), int(sb.topk_ids[row, pb])
+            if ta != tb:
+                break
+            same_token += 1
+            common += 1
+        prefix.append(common)
+    return {"steps_compared": steps, "same_topk_set": round(same_topk / max(1, steps), 3),
+            "same_token": round(same_token / max(1, steps), 3), "common_prefix_tokens": prefix,
+            "identical_rows": sum(x == y for x, y in zip(a.texts, b.texts)), "rows": len(prompts)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=3, help="prompts of the batch-1 rows (batch 8 uses 8)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_cpu.json")
+    args = parser.parse_args()
+    import llama_cpp
+    import torch
+
+    from steerkit.engine.llama_cpp_lm import LlamaCppLM
+    from steerkit.integrations.gguf_files import convert_gguf
+    from steerkit.models import load_causal_lm_cached, load_tokenizer, resolve
+    from steerkit.threads import set_threads
+
+    set_threads(1)
+    torch.set_num_threads(1)
+    load_before = os.getloadavg()
+    bandwidth = read_bandwidth()
+    print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (1 thread); load average {load_before}", flush=True)
+    q4 = resolve(LM).location
+    scratch = Path(tempfile.mkdtemp(prefix="bench_cpu_"))
+    files = {"Q4_1": Path(q4), "Q8_0": convert_gguf(q4, scratch / "q8_0.gguf", "Q8_0"),
+             "F32": convert_gguf(q4, scratch / "f32.gguf", "F32")}
+    tokenizer = load_tokenizer(LM)
+    hf = load_causal_lm_cached(LM)[:2]
+    weights_f32 = sum(p.numel() * 4 for p in hf[0].parameters())  # tied embeddings counted once
+    sizes = {name: path.stat().st_size for name, path in files.items()}
+    sizes["F32 (transformers)"] = weights_f32
+    few = PROMPTS[:args.prompts]
+    rows = []
+
+    def record(engine, weights, steering, batch, run):
+        run()  # warm up (loads, first forwards); then timed
+        seconds, count, texts = run()
+        ms = seconds * 1000 / count
+        floor = sizes[weights] / bandwidth * 1000 / batch
+        rows.append({"engine": engine, "weights": weights, "steering": steering, "batch": batch,
+                     "ms_per_token": round(ms, 2), "floor_ms": round(floor, 2), "over_floor": round(ms / floor, 2),
+                     "tokens": count, "texts": texts})
+        print(f"{engine:22s} {weights:18s} {steering:15s} batch {batch}: {ms:7.2f} ms/token "
+              f"(floor {floor:.2f})", flush=True)
+
+    for weights, path in files.items():
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False, seed=0)
+        for steering, rewards in REWARDS.items():
+            if steering != "plain" and weights != "Q4_1":
+                continue
+            record("llama.cpp (own loop)", weights, steering, 1,
+                   lambda: llama_own_loop(llm, tokenizer, rewards, args.tokens, few))
+        del llm
+    llama_lm = (LlamaCppLM(q4, threads=1), tokenizer)
+    for batch in (1, 8):
+        prompts = few if batch == 1 else PROMPTS
+        for steering, rewards in REWARDS.items():
+            record("steerkit + llama.cpp", "Q4_1", steering, batch,
+                   lambda: engine_run(llama_lm, rewards, args.tokens, prompts, batch))
+            record("steerkit (eager)", "F32 (transformers)", steering, batch,
+                   lambda: engine_run(hf, rewards, args.tokens, prompts, batch))
+    for row in rows:
+        plain = next((r for r in rows if r["engine"] == row["engine"] and r["weights"] == row["weights"]
+                      and r["batch"] == row["batch"] and r["steering"] == "plain"), None)
+        row["vs_plain"] = round(row["ms_per_token"] / plain["ms_per_token"], 2) if plain else None
+    base = next(r for r in rows if r["engine"] == "llama.cpp (own loop)" and r["weights"] == "Q4_1"
+                and r["steering"] == "plain")
+    for row in rows:
+        row["vs_llama_cpp_q4_plain"] = round(row["ms_per_token"] / base["ms_per_token"], 2)
+    agree = {"Q4_1": agreement(hf, llama_lm, PROMPTS, args.tokens),
+             "F32": agreement(hf, (LlamaCppLM(str(files["F32"]), threads=1), tokenizer), PROMPTS, args.tokens)}
+    report = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_before": load_before,
+                          "load_after": os.getloadavg(), "llama_cpp_python": llama_cpp.__version__,
+                          "torch": torch.__version__, "read_bandwidth_gb_s": round(bandwidth / 1e9, 2)},
+              "tokens": args.tokens, "weight_bytes": sizes, "rows": rows,
+              "agreement_toxicity_token_greedy": agree,
+              "not_built": ["steerkit compiled step (torch.compile, static caches)", "steerkit int8 LM weights"]}
+    atomic_write_text(args.out, json.dumps(report, indent=2, ensure_ascii=False))
+    for row in rows:
+        print(f"{row['engine']:22s} {row['weights']:18s} {row['steering']:15s} b{row['batch']} "
+              f"{row['ms_per_token']:7.2f} ms/token  {row['vs_plain']}x plain  {row['vs_llama_cpp_q4_plain']}x "
+              f"llama.cpp Q4_1 plain  floor {row['floor_ms']}")
+    for name, a in agree.items():
+        print(f"agreement with steerkit's engine, {name}: {a}")
+    for path in files.values():
+        if path.parent == scratch:
+            path.unlink()
+    scratch.rmdir()
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

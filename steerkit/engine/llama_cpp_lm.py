@@ -1,0 +1,346 @@
+"""A GGUF language model run by llama.cpp as the engine core's LM (``engine="llama.cpp"``).
+
+:class:`LlamaCppLM` loads the GGUF once through llama-cpp-python's C API; :class:`LlamaCppBatch` is the engine
+core's LM state (the same contract as :class:`~steerkit.engine.lm_cache.LMBatch`: ``prefill``, ``prefill_job``,
+``prefill_padded``, ``join``, ``keep``, ``advance``, ``logits`` [B, V] float32) over one llama.cpp context whose
+KV cache holds one *sequence* per running row. Every step is one ``llama_decode`` of one token per row (a real
+batch inside llama.cpp); everything else (top-k, the rewards, Σ β·ρ, sampling, stop strings) is the engine core's,
+so ``generate``, the CLI and ``steerkit serve`` steer llama.cpp through the one step they share with the
+transformers engine, and a seed draws from the same random stream.
+
+Rows hold sequence ids ("slots"). A prompt prefilled alone takes a free slot; a prefill that never joins the batch
+(a failed or cancelled row) gives its slot back when it is dropped. The context is sized for the rows and tokens
+asked of it (:meth:`LlamaCppLM.ensure`): ``slots`` sequences of ``tokens_per_slot`` cells each, in separate KV
+streams, so one row can never run another out of cache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import threading
+import weakref
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from ..errors import InvalidArgumentError, ModelFormatError, SteerkitError
+
+INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install "steerkit-rad[llama-cpp]"'
+
+#: A context is sized in multiples of this many cells per sequence (fewer re-creations as lengths vary).
+CELL_QUANTUM = 256
+
+#: llama.cpp's flash attention: off (0), as llama-cpp-python's ``Llama`` has it, so that ``engine="llama.cpp"`` and
+#: that loop with :class:`~steerkit.integrations.llama_cpp.LlamaCppRAD` compute the same logits (tested)
+FLASH_ATTENTION = 0
+
+#: The most KV cells (tokens, over all rows) a context reserves: the server's 16 rows get 2,048 tokens each
+#: (SmolLM2-135M: 23 KB a cell in f16, so 0.75 GB); ``generate`` reserves only what its batch needs.
+MAX_CELLS = 32768
+
+
+class LlamaCppError(SteerkitError):
+    """llama.cpp refused a step (its KV cache is full, or a decode failed)."""
+
+
+def import_llama_cpp():
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ModelFormatError(f"engine='llama.cpp' needs llama-cpp-python, which is not installed: {INSTALL} "
+                               "(a source build; docs/llama_cpp.md).") from None
+    return llama_cpp
+
+
+_silenced = False
+
+
+def _silence(lib) -> None:
+    """llama.cpp logs every load to stderr; keep only its errors (set once per process)."""
+    global _silenced
+    if _silenced:
+        return
+    level_error = 4  # GGML_LOG_LEVEL_ERROR
+
+    @lib.llama_log_callback
+    def _log(level, text, _user):
+        if level >= level_error and level != 5:  # 5: GGML_LOG_LEVEL_CONT (continuation of the previous line)
+            os.write(2, text)
+
+    _silence.callback = _log  # keep it alive
+    lib.llama_log_set(_log, ctypes.c_void_p(0))
+    _silenced = True
+
+
+class LlamaCppLM:
+    """A GGUF model loaded by llama.cpp, with the few attributes the engine reads from a transformers model
+    (``config.vocab_size``, ``config.max_position_embeddings``, ``generation_config.eos_token_id``).
+
+    ``max_context``: the most tokens (prompt + generated) one row may hold (default: the model's training
+    context); ``threads``: llama.cpp's threads (default: torch's, i.e. ``--threads``/``STEERKIT_THREADS``)."""
+
+    is_llama_cpp = True
+
+    def __init__(self, path: str, *, max_context: int | None = None, threads: int | None = None,
+                 name: str | None = None):
+        self.lib = lib = import_llama_cpp()
+        _silence(lib)
+        lib.llama_backend_init()
+        params = lib.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self.model = lib.llama_model_load_from_file(str(path).encode(), params)
+        if not self.model:
+            raise ModelFormatError(f"llama.cpp could not load {path} (not a GGUF model it supports).")
+        self._free_model = weakref.finalize(self, lib.llama_model_free, self.model)
+        vocab = lib.llama_model_get_vocab(self.model)
+        self.vocab_size = int(lib.llama_vocab_n_tokens(vocab))
+        trained = int(lib.llama_model_n_ctx_train(self.model))
+        limit = trained if max_context is None else min(int(max_context), trained)
+        if limit < 2:
+            raise InvalidArgumentError(f"max_context={max_context}: a row needs at least 2 tokens of context.")
+        eos = [i for i in range(self.vocab_size) if lib.llama_vocab_is_eog(vocab, i)]
+        self.path = str(path)
+        self.threads = int(threads or torch.get_num_threads())
+        self.config = SimpleNamespace(vocab_size=self.vocab_size, max_position_embeddings=limit,
+                                      _name_or_path=name or self.path, model_type="gguf")
+        self.generation_config = SimpleNamespace(eos_token_id=eos)
+        self.device = torch.device("cpu")
+        self.ctx = None
+        self.slots = 0
+        self.tokens_per_slot = 0
+        self._free: list[int] = []
+        self._released: list[int] = []  # slots given back, cleared by the next thread that decodes or takes one
+        self._lock = threading.Lock()
+        self._free_ctx = None
+
+    # the bits of the torch-module protocol the engine touches
+    def eval(self) -> "LlamaCppLM":
+        return self
+
+    def to(self, device) -> "LlamaCppLM":
+        if torch.device(device).type != "cpu":
+            raise InvalidArgumentError(f"engine='llama.cpp' runs on the CPU here; device={device!r} is not "
+                                       "supported (use the default engine for a GPU).")
+        return self
+
+    def __repr__(self) -> str:
+        return f"LlamaCppLM({self.path!r}, vocab={self.vocab_size}, context={self.config.max_position_embeddings})"
+
+    # -- the context --------------------------------------------------------------------------------------
+    def ensure(self, slots: int, tokens: int) -> None:
+        """Have a context of at least ``slots`` sequences of ``tokens`` cells each; re-created (empty) only when
+        it is smaller and no slot is in use."""
+        tokens = min(self.config.max_position_embeddings, CELL_QUANTUM * math.ceil(max(1, tokens) / CELL_QUANTUM))
+        if self.ctx is not None and slots <= self.slots and tokens <= self.tokens_per_slot:
+            return
+        with self._lock:
+            self._flush()
+            if self.ctx is not None and len(self._free) != self.slots:
+                raise LlamaCppError(f"the llama.cpp context holds {self.slots - len(self._free)} running rows and "
+                                    f"cannot grow to {slots} rows of {tokens} tokens now.")
+            slots, tokens = max(slots, self.slots), max(tokens, self.tokens_per_slot)
+            if self._free_ctx is not None:
+                self._free_ctx()
+            lib = self.lib
+            params = lib.llama_context_default_params()
+            params.n_ctx = slots * tokens
+            params.n_seq_max = slots
+            params.n_batch = params.n_ubatch = 512
+            params.n_threads = params.n_threads_batch = self.threads
+            params.kv_unified = False  # one KV stream per sequence: a row owns its tokens' cells
+            params.flash_attn_type = FLASH_ATTENTION
+            params.no_perf = True
+            ctx = lib.llama_init_from_model(self.model, params)
+            if not ctx:
+                raise LlamaCppError(f"llama.cpp could not make a context of {slots} rows x {tokens} tokens "
+                                    "(out of memory?); lower the batch size or max_context.")
+            self.ctx, self.slots, self.tokens_per_slot = ctx, slots, tokens
+            self._free_ctx = weakref.finalize(self, lib.llama_free, ctx)
+            self._free = list(range(slots))[::-1]
+            self.memory = lib.llama_get_memory(ctx)
+            n_batch = 512
+            self._batch = lib.llama_batch_init(n_batch, 0, 1)
+            self._batch_size = n_batch
+            weakref.finalize(self, lib.llama_batch_free, self._batch)
+
+    def take_slot(self) -> int:
+        if self.ctx is None:  # nobody reserved: one row of the model's whole context
+            self.ensure(1, self.config.max_position_embeddings)
+        with self._lock:
+            self._flush()
+            if not self._free:
+                raise LlamaCppError(f"all {self.slots} llama.cpp sequences are in use.")
+            return self._free.pop()
+
+    def give_slot(self, slot: int) -> None:
+        """Give a sequence back (any thread, e.g. a finalizer): its cells are cleared by the next thread that
+        decodes or takes a slot, never concurrently with a decode."""
+        with self._lock:
+            self._released.append(slot)
+
+    def _flush(self) -> None:  # under self._lock
+        for slot in self._released:
+            if self.ctx is not None and 0 <= slot < self.slots and slot not in self._free:
+                self.lib.llama_memory_seq_rm(self.memory, slot, -1, -1)
+                self._free.append(slot)
+        self._released.clear()
+
+    # -- one llama_decode ---------------------------------------------------------------------------------
+    def decode(self, tokens: list[int], positions: list[int], slots: list[int], outputs: list[bool]) -> np.ndarray:
+        """Run one batch of tokens (each with its position and sequence); returns the logits [n_out, V] of the
+        tokens marked in ``outputs``, in order. Longer batches than llama.cpp's are split (outputs kept in order)."""
+        with self._lock:
+            self._flush()
+        results = []
+        for lo in range(0, len(tokens), self._batch_size):
+            hi = min(len(tokens), lo + self._batch_size)
+            batch = self._batch
+            n = hi - lo
+            batch.n_tokens = n
+            for i in range(n):
+                batch.token[i] = tokens[lo + i]
+                batch.pos[i] = positions[lo + i]
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = slots[lo + i]
+                batch.logits[i] = 1 if outputs[lo + i] else 0
+            code = self.lib.llama_decode(self.ctx, batch)
+            if code != 0:
+                raise LlamaCppError(f"llama_decode failed with code {code} (1: no room in the KV cache) for {n} "
+                                    f"tokens; a row may hold at most {self.tokens_per_slot} tokens here.")
+            count = sum(1 for o in outputs[lo:hi] if o)
+            if count:
+                pointer = self.lib.llama_get_logits(self.ctx)
+                results.append(np.ctypeslib.as_array(pointer, shape=(count, self.vocab_size)).copy())
+        if not results:
+            return np.zeros((0, self.vocab_size), dtype=np.float32)
+        return results[0] if len(results) == 1 else np.concatenate(results)
+
+    def make_batch(self) -> "LlamaCppBatch":
+        return LlamaCppBatch(self)
+
+
+class LlamaPrefilled:
+    """A newcomer's prompt run in its own llama.cpp sequence: the slot, length and next-token logits [1, V]. Its
+    slot goes back to the model if it is dropped without joining a batch."""
+
+    def __init__(self, lm: LlamaCppLM, slot: int, length: int, logits: torch.Tensor):
+        self.slot, self.length, self.logits = slot, length, logits
+        self._release = weakref.finalize(self, lm.give_slot, slot)
+
+    def adopt(self) -> int:
+        self._release.detach()
+        return self.slot
+
+
+class LlamaPrefillJob:
+    """A prompt prefilled ``chunk`` tokens per :meth:`run_chunk` into its own sequence (the server's chunked prefill)."""
+
+    def __init__(self, lm: LlamaCppLM, ids: list[int], chunk: int):
+        self.lm, self.ids, self.chunk, self.done = lm, list(ids), max(1, int(chunk)), 0
+        self.slot = lm.take_slot()
+        self._release = weakref.finalize(self, lm.give_slot, self.slot)
+
+    @property
+    def next_size(self) -> int:
+        return min(self.chunk, len(self.ids) - self.done)
+
+    def run_chunk(self) -> LlamaPrefilled | None:
+        start, end = self.done, self.done + self.next_size
+        last = end == len(self.ids)
+        logits = self.lm.decode(self.ids[start:end], list(range(start, end)), [self.slot] * (end - start),
+                                [False] * (end - start - 1) + [last])
+        self.done = end
+        if not last:
+            return None
+        self._release.detach()
+        return LlamaPrefilled(self.lm, self.slot, len(self.ids), torch.from_numpy(logits))
+
+
+class LlamaCppBatch:
+    """The engine core's LM state on llama.cpp (see the module docstring): row b is sequence ``slots[b]`` at
+    position ``pos[b]``; ``logits`` [B, V] float32 are the rows' next-token logits."""
+
+    def __init__(self, lm: LlamaCppLM):
+        self.lm = lm
+        self.device = lm.device
+        self.slots: list[int] = []  # changed in place only: the finalizer gives back what it holds
+        self.pos: list[int] = []
+        self.logits: torch.Tensor | None = None
+        weakref.finalize(self, _give_all, lm, self.slots)
+
+    def reserve(self, rows: int, tokens: int) -> int:
+        """Room for ``rows`` rows of up to ``tokens`` tokens each (prompt + generated), within
+        :data:`MAX_CELLS` cells in all; returns the tokens a row may hold."""
+        tokens = min(tokens, max(CELL_QUANTUM, MAX_CELLS // max(1, rows)))
+        self.lm.ensure(rows, tokens)
+        return min(tokens, self.lm.tokens_per_slot)
+
+    @property
+    def size(self) -> int:
+        return len(self.slots)
+
+    def reset(self) -> None:
+        _give_all(self.lm, self.slots)
+        self.pos, self.logits = [], None
+
+    def prefill(self, ids: list[int]) -> LlamaPrefilled:
+        return self.prefill_job(ids, len(ids)).run_chunk()
+
+    def prefill_job(self, ids: list[int], chunk: int) -> LlamaPrefillJob:
+        return LlamaPrefillJob(self.lm, ids, chunk)
+
+    def prefill_padded(self, rows_ids: list[list[int]], tokenizer=None) -> None:
+        """Start the batch with these prompts in one ``llama_decode`` (each in its own sequence)."""
+        if self.size:
+            raise RuntimeError("prefill_padded starts a batch: this one is running")
+        slots = [self.lm.take_slot() for _ in rows_ids]
+        tokens, positions, seqs, outputs = [], [], [], []
+        for slot, ids in zip(slots, rows_ids):
+            tokens += ids
+            positions += range(len(ids))
+            seqs += [slot] * len(ids)
+            outputs += [False] * (len(ids) - 1) + [True]
+        try:
+            logits = self.lm.decode(tokens, positions, seqs, outputs)
+        except Exception:
+            for slot in slots:
+                self.lm.give_slot(slot)
+            raise
+        self.slots[:] = slots
+        self.pos = [len(ids) for ids in rows_ids]
+        self.logits = torch.from_numpy(logits)
+
+    def join(self, newcomers: list[LlamaPrefilled]) -> None:
+        if not newcomers:
+            return
+        self.slots.extend(p.adopt() for p in newcomers)
+        self.pos += [p.length for p in newcomers]
+        logits = [p.logits for p in newcomers]
+        self.logits = torch.cat(([self.logits] if self.logits is not None else []) + logits)
+
+    def keep(self, index: torch.Tensor) -> None:
+        keep = [int(i) for i in index]
+        for b in set(range(self.size)) - set(keep):
+            self.lm.give_slot(self.slots[b])
+        if not keep:
+            self.slots.clear()
+            self.pos, self.logits = [], None
+            return
+        self.slots[:] = [self.slots[i] for i in keep]
+        self.pos = [self.pos[i] for i in keep]
+        self.logits = self.logits.index_select(0, index.to(self.logits.device))
+
+    def advance(self, tokens: torch.Tensor) -> None:
+        ids = tokens.tolist()
+        logits = self.lm.decode(ids, list(self.pos), list(self.slots), [True] * len(ids))
+        self.pos = [p + 1 for p in self.pos]
+        self.logits = torch.from_numpy(logits)
+
+
+def _give_all(lm: LlamaCppLM, slots: list[int]) -> None:
+    for slot in slots:
+        lm.give_slot(slot)
+    slots.clear()

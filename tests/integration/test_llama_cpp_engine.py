@@ -1,0 +1,201 @@
+"""``engine="llama.cpp"`` (issue 25, item 1): the engine core with llama.cpp running the LM, on the packaged
+SmolLM2 GGUF and the same weights at F32.
+
+* **Agreement on equal weights.** The packaged Q4_1 file dequantized to an F32 GGUF holds exactly the weights
+  steerkit's own engine runs (it dequantizes the same file). Greedy RAD through llama.cpp picks the same token as
+  steerkit's engine at every step of their common prefix where the two LMs' top-k sets agree and the best
+  reweighted score leads the second by more than the logits' measured disagreement (a tie within float noise may
+  go either way); the first divergence must be such a step.
+* **Both llama.cpp paths are one step.** ``generate(engine="llama.cpp")`` equals llama-cpp-python's own loop with
+  :class:`~steerkit.integrations.llama_cpp.LlamaCppRAD`, token for token.
+* **Rows and slots.** A batch equals each prompt alone; batches in chunks reuse llama.cpp's sequences.
+* **Surfaces.** The CLI (``--engine``), a config file (``engine: llama.cpp``) and ``steerkit serve`` with the real
+  ``openai`` client give the Python API's tokens; bad choices are typed errors.
+
+Skips, with the install command, where llama-cpp-python is absent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import requires_smollm2
+
+llama_cpp = pytest.importorskip(
+    "llama_cpp", reason='llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" pip install '
+    '-e ".[llama-cpp]" (a source build, about 5 minutes here)')
+
+pytestmark = [pytest.mark.integration, requires_smollm2, pytest.mark.slow, pytest.mark.timeout(900)]
+
+LM = "smollm2-135m-instruct"
+PROMPTS = ["You are such a", "The weather today is", "I think that people who", "Once upon a time",
+           "My neighbour told me that"]
+
+
+@pytest.fixture(scope="module")
+def f32_gguf(tmp_path_factory):
+    from steerkit.integrations.gguf_files import convert_gguf
+    from steerkit.models import resolve
+
+    return convert_gguf(resolve(LM).location, tmp_path_factory.mktemp("gguf") / "smollm2-f32.gguf", "F32")
+
+
+@pytest.fixture(scope="module")
+def hf():
+    from steerkit.models import load_causal_lm_cached
+
+    return load_causal_lm_cached(LM)[:2]
+
+
+def _choices(out, row):
+    return [(s.topk_ids[row], s.topk_logits[row], s.scores[row], int(s.chosen[row])) for s in out.traces[0]]
+
+
+@pytest.mark.parametrize("rewards", [{"toxicity-token": -20.0}, {"toxicity": -20.0}], ids=["token", "sequence"])
+def test_greedy_rad_agrees_with_steerkits_engine_on_f32_weights(f32_gguf, hf, rewards):
+    import steerkit
+    from steerkit.engine.llama_cpp_lm import LlamaCppLM
+
+    model, tokenizer = hf
+    prompts = PROMPTS if "toxicity-token" in rewards else PROMPTS[:2]
+    kwargs = dict(rewards=rewards, k=20, max_new_tokens=32, do_sample=False, return_traces=True)
+    ours = steerkit.generate(prompts, lm=(model, tokenizer), **kwargs)
+    theirs = steerkit.generate(prompts, lm=(LlamaCppLM(str(f32_gguf), threads=1), tokenizer), **kwargs)
+    compared = identical = 0
+    for row in range(len(prompts)):
+        for step, (a, b) in enumerate(zip(_choices(ours, row), _choices(theirs, row))):
+            ids_a, z_a, scores_a, pick_a = a
+            ids_b, z_b, scores_b, pick_b = b
+            if pick_a < 0 or pick_b < 0:  # the row has finished (its end-of-sequence token was compared already)
+                assert pick_a == pick_b
+                break
+            same_topk = set(ids_a.tolist()) == set(ids_b.tolist())
+            if same_topk:  # the two LMs' logits of the same candidates: F32 on both sides, so close
+                order = {t: i for i, t in enumerate(ids_b.tolist())}
+                gap = float((z_a - z_b[[order[t] for t in ids_a.tolist()]]).abs().max())
+                assert gap < 0.05, f"row {row} step {step}: logits differ by {gap} on equal weights"
+            top2 = scores_a.sort(descending=True).values[:2]
+            clear = same_topk and float(top2[0] - top2[1]) > 2 * gap + 1e-3
+            token_a, token_b = int(ids_a[pick_a]), int(ids_b[pick_b])
+            if clear:
+                compared += 1
+                assert token_a == token_b, f"row {row} step {step}: top-k agree with a clear lead, tokens differ"
+            if token_a != token_b:
+                break  # the texts part here (a near tie or different top-k): nothing after is comparable
+            identical += 1
+    assert compared >= 20 * len(prompts) // 2, f"only {compared} steps compared"
+    assert identical >= compared
+
+
+def test_generate_through_llama_cpp_equals_llama_cpp_pythons_own_loop():
+    import steerkit
+    from steerkit.integrations.llama_cpp import LlamaCppRAD
+    from steerkit.models import load_tokenizer, resolve
+
+    prompt = PROMPTS[0]
+    ours = steerkit.generate([prompt], lm=LM, engine="llama.cpp", rewards={"toxicity-token": -20}, k=20,
+                             max_new_tokens=24, do_sample=False)
+    tokenizer = load_tokenizer(LM)
+    llm = llama_cpp.Llama(model_path=resolve(LM).location, n_ctx=256, n_threads=1, verbose=False)
+    rad = LlamaCppRAD.from_rewards(tokenizer, {"toxicity-token": -20}, k=20)
+    ids = tokenizer(prompt)["input_ids"]
+    theirs = llm.create_completion(ids, max_tokens=24, temperature=0, top_k=0, top_p=1.0, min_p=0.0,
+                                   repeat_penalty=1.0, logits_processor=llama_cpp.LogitsProcessorList([rad]))
+    assert ours.texts[0] == theirs["choices"][0]["text"]
+
+
+def test_a_batch_equals_each_row_alone_and_sequences_are_reused():
+    import steerkit
+
+    kwargs = dict(lm=LM, engine="llama.cpp", rewards={"toxicity-token": -10}, k=10, max_new_tokens=16,
+                  do_sample=False)
+    together = steerkit.generate(PROMPTS[:3], **kwargs)
+    chunked = steerkit.generate(PROMPTS[:3], batch_size=2, **kwargs)  # 2 rows, then 1: sequences given back
+    alone = [steerkit.generate([p], **kwargs).texts[0] for p in PROMPTS[:3]]
+    assert together.texts == alone == chunked.texts
+
+
+def test_seeded_sampling_repeats_and_the_seed_matters():
+    import steerkit
+
+    kwargs = dict(lm=LM, engine="llama.cpp", rewards={"toxicity-token": -10}, k=20, max_new_tokens=16,
+                  temperature=1.0, num_return_sequences=3)
+    a = steerkit.generate(PROMPTS[:1], seed=1, **kwargs).texts
+    assert a == steerkit.generate(PROMPTS[:1], seed=1, **kwargs).texts
+    assert a != steerkit.generate(PROMPTS[:1], seed=2, **kwargs).texts
+
+
+def test_cli_and_config_file_run_llama_cpp(tmp_path):
+    import steerkit
+    from typer.testing import CliRunner
+
+    from steerkit.cli import app
+
+    expected = steerkit.generate(PROMPTS[:1], lm=LM, engine="llama.cpp", rewards={"toxicity-token": -20}, k=20,
+                                 max_new_tokens=12, do_sample=False).texts
+    runner = CliRunner()
+    flags = runner.invoke(app, ["generate", "--engine", "llama.cpp", "-r", "toxicity-token=-20", "--greedy", "-t",
+                                "12", "--json", PROMPTS[0]])
+    assert flags.exit_code == 0, flags.output
+    payload = json.loads(flags.stdout)
+    assert payload["engine"] == "llama.cpp"
+    assert [g["text"] for g in payload["generations"]] == expected
+    config = tmp_path / "steer.yaml"
+    config.write_text("engine: llama.cpp\nrewards: [{name: toxicity-token, beta: -20}]\nk: 20\ndo_sample: false\n"
+                      f"max_new_tokens: 12\nprompts: [{json.dumps(PROMPTS[0])}]\n")
+    from_file = runner.invoke(app, ["generate", "-c", str(config), "--json"])
+    assert from_file.exit_code == 0, from_file.output
+    assert [g["text"] for g in json.loads(from_file.stdout)["generations"]] == expected
+
+
+def test_bad_choices_are_typed_errors(tmp_path):
+    import steerkit
+    from steerkit.errors import ConfigError, InvalidArgumentError, ModelFormatError
+
+    with pytest.raises(InvalidArgumentError, match="engine='vllm'"):
+        steerkit.generate(["x"], engine="vllm")
+    # a GPU: llama.cpp runs on the CPU here (InvalidArgumentError); no GPU: the device itself is refused (ConfigError)
+    with pytest.raises(InvalidArgumentError if torch.cuda.is_available() else ConfigError, match="CPU|cuda"):
+        steerkit.generate(["x"], engine="llama.cpp", device="cuda")
+    from steerkit.models import hf_directory
+
+    with pytest.raises(ModelFormatError, match="GGUF"):  # llama.cpp runs GGUF files, not a transformers directory
+        steerkit.generate(["x"], lm=str(hf_directory(LM)), engine="llama.cpp")
+    config = tmp_path / "steer.yaml"
+    config.write_text("engine: vllm\n")
+    from steerkit.config import SteeringConfig
+
+    with pytest.raises(ConfigError, match="engine"):
+        SteeringConfig.from_file(config)
+
+
+def test_serve_with_llama_cpp_answers_the_openai_client():
+    pytest.importorskip("fastapi")
+    openai = pytest.importorskip("openai")
+    from serve_support import ServerThread
+    import steerkit
+    from steerkit.config import SteeringConfig
+    from steerkit.serving.app import ServerSettings, create_app
+    from steerkit.serving.engine import Engine
+
+    engine = Engine.from_config(SteeringConfig(lm=LM, engine="llama.cpp"), max_running=16, max_queue=8)
+    assert engine.limits()["context_tokens"] == 2048  # 16 rows x 2,048 tokens reserved in llama.cpp's context
+    with ServerThread(create_app(engine, settings=ServerSettings(timeout_s=300))) as running:
+        client = openai.OpenAI(base_url=running.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        import concurrent.futures
+
+        def ask(prompt):
+            out = client.completions.create(model=engine.model_name, prompt=prompt, max_tokens=12, temperature=0,
+                                            extra_body={"rewards": {"toxicity-token": -20}, "k": 20})
+            return out.choices[0].text
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            served = list(pool.map(ask, PROMPTS[:3]))
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.completions.create(model=engine.model_name, prompt="x " * 2100, max_tokens=12)
+        assert bad.value.body["param"] == "prompt"
+    expected = [steerkit.generate([p], lm=LM, engine="llama.cpp", rewards={"toxicity-token": -20}, k=20,
+                                  max_new_tokens=12, do_sample=False).texts[0] for p in PROMPTS[:3]]
+    assert served == expected
