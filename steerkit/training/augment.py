@@ -8,6 +8,8 @@ the *training* split only (never dev or test), copies of a seeded fraction of ea
 * ``lowercase``; ``tokenize`` (Penn-Treebank-style spacing: ``it's`` -> ``it 's``, ``good.`` -> ``good .``);
 * ``detokenize`` (the reverse, with sentence capitalisation) for sources that are tokenized already;
 * ``strip_punctuation``;
+* ``denounce`` (with the view's ``label``, e.g. 0): counter-speech, the row quoted inside a sentence that rejects
+  it, so that a model learns that quoting hate to reject it is not hate;
 * ``obfuscate``: letter swaps, dropped letters, spaced-out letters, leetspeak and joined words applied to the
   words that mark the positive class *in the training data itself* (the ``lexicon_size`` words with the highest
   smoothed log-odds of appearing in rows labelled >= 0.5), e.g. slurs and insults in toxicity data. An explicit
@@ -38,6 +40,8 @@ class AugmentView(BaseModel):
     rate: float = Field(gt=0, le=1, description="Fraction of each source's training rows that get this copy")
     sources: list[str] | None = Field(default=None, description="Only these sources (name or group); default all")
     min_label: float | None = Field(default=None, ge=0, le=1, description="Only rows with label >= this")
+    label: float | None = Field(default=None, ge=0, le=1, description="The copies' label (default: the row's own; "
+                                "a view that changes the meaning, such as `denounce`, sets it)")
 
 
 class AugmentConfig(BaseModel):
@@ -100,6 +104,6 @@ def augment(train: list[Example], source_names: list[tuple[str, str]], config: A
                 continue
             text = apply_transforms(ex.text, view.transforms, lex, key)
             if text.strip() and text != ex.text:
-                added.append(Example(text, ex.label, ex.source, ex.line))
+                added.append(Example(text, ex.label if view.label is None else view.label, ex.source, ex.line))
                 counts[ex.source] = counts.get(ex.source, 0) + 1
     return added, counts, lexicon

@@ -3,7 +3,9 @@
 ``lowercase``; ``tokenize`` (Penn-Treebank-style spacing, as in SST and the s-nlp sentences: ``it's good.`` ->
 ``it 's good .``); ``detokenize`` (the reverse, with sentence capitalisation); ``strip_punctuation``; and
 ``obfuscate`` (spelling variants of the words in a lexicon: letter swaps, dropped letters, spaced-out letters,
-leetspeak, a starred vowel). Every random choice is a pure function of a string key.
+leetspeak, a starred vowel); and ``denounce`` (counter-speech: the text quoted inside a sentence that rejects it,
+:data:`DENOUNCE_FRAMES`; an augmentation view gives such copies their own label). Every random choice is a pure
+function of a string key.
 """
 
 from __future__ import annotations
@@ -12,7 +14,22 @@ import hashlib
 import re
 from typing import Literal
 
-Transform = Literal["lowercase", "tokenize", "detokenize", "strip_punctuation", "obfuscate"]
+Transform = Literal["lowercase", "tokenize", "detokenize", "strip_punctuation", "obfuscate", "denounce"]
+
+#: Counter-speech frames for ``denounce``: a hateful text quoted in order to reject it is not hateful (the
+#: distinction the issue-26 data teaches). Written for training; the functional test cases
+#: (tests/functional/toxicity.jsonl) use other wording and are checked not to share a frame (tests/unit).
+#: The rejection comes first in some frames and last in others, since a causal reward model reads left to right.
+DENOUNCE_FRAMES = (
+    'Someone in the comments wrote "{}" and that is pure bigotry. Nobody deserves to be talked about like that.',
+    'Please stop posting things like "{}". It hurts real people.',
+    '"{}" is a hateful lie, and I will not stay quiet when I hear it.',
+    'My uncle kept repeating "{}" at dinner, and I told him that is prejudice and it does not belong at our table.',
+    'It makes me sad that anyone believes "{}". We are all human beings.',
+    'Statements like "{}" are discrimination, plain and simple, and they should be called out.',
+    'I reported a post that said "{}" because it attacked people for who they are.',
+    'No, "{}" is not just an opinion. It is hate speech, and it has real victims.',
+)
 
 _CLITICS = re.compile(r"(?i)(\w)('s|'re|'ve|'ll|'d|'m|n't)\b")
 _PUNCT = re.compile(r"([.,!?;:()\"])")
@@ -74,9 +91,19 @@ def obfuscate(text: str, lexicon: set[str], key: str) -> str:
     return re.sub(r"[A-Za-z][A-Za-z']+", swap, text)
 
 
+def denounce(text: str, key: str) -> str:
+    """``text`` quoted inside one counter-speech frame (chosen by ``key``)."""
+    quoted = _SPACES.sub(" ", text.replace('"', "'")).strip().rstrip(".!?;: ")
+    if not quoted:
+        return text
+    return DENOUNCE_FRAMES[int(unit(f"{key}:frame") * len(DENOUNCE_FRAMES))].format(quoted)
+
+
 def apply_transforms(text: str, transforms: list[str], lexicon: set[str], key: str) -> str:
     for name in transforms:
-        if name == "lowercase":
+        if name == "denounce":
+            text = denounce(text, key)
+        elif name == "lowercase":
             text = text.lower()
         elif name == "tokenize":
             text = tokenize_spacing(text)

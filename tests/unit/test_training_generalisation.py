@@ -15,7 +15,8 @@ from steerkit.testing import labelled_review, make_tokenizer, save_tiny_lm  # no
 from steerkit.training.augment import AugmentConfig, augment, mine_lexicon  # noqa: E402
 from steerkit.training.config import TrainConfig  # noqa: E402
 from steerkit.training.data import Example, build_dataset  # noqa: E402
-from steerkit.training.surface import detokenize, obfuscate_word, strip_punctuation, tokenize_spacing  # noqa: E402
+from steerkit.training.surface import (DENOUNCE_FRAMES, denounce, detokenize, obfuscate_word,  # noqa: E402
+                                       strip_punctuation, tokenize_spacing)
 
 
 # -- surface forms ------------------------------------------------------------------------------------------------
@@ -80,6 +81,37 @@ def test_augment_respects_sources_and_min_label():
     added, copies, lexicon = augment(train, [("a", "a"), ("b", "b")], config, seed=0, paths=["a.txt", "b.txt"])
     assert added and set(copies) == {1} and all(e.label >= 0.5 for e in added)
     assert "moron" in lexicon and all("moron" not in e.text for e in added)  # every occurrence perturbed
+
+
+def test_denounce_quotes_positive_rows_in_counter_speech_with_the_views_label():
+    train = _examples()
+    config = AugmentConfig(views=[{"transforms": ["denounce"], "rate": 1.0, "min_label": 0.5, "label": 0.0}])
+    added, _, _ = augment(train, [("a", "a"), ("b", "b")], config, seed=0, paths=["a.txt", "b.txt"])
+    originals = {(e.source, e.line): e for e in train}
+    assert added and all(e.label == 0.0 for e in added)
+    frames = set()
+    for ex in added:
+        base = originals[(ex.source, ex.line)]
+        assert base.label >= 0.5
+        inner = base.text.replace('"', "'").strip().rstrip(".!?;: ")
+        frame = next(f for f in DENOUNCE_FRAMES if ex.text == f.format(inner))
+        frames.add(frame)
+    assert len(frames) >= 4  # the frame varies with the row
+    assert denounce('He said "x" loudly.', "k") == denounce('He said "x" loudly.', "k")  # a pure function of the key
+    assert "\"x\"" not in denounce('He said "x" loudly.', "k")  # inner quotes cannot close the frame's quote
+
+
+def test_denounce_frames_share_no_wording_with_the_functional_cases():
+    """The counter-speech frames are for training; the functional cases that measure counter-speech must not
+    contain any frame's fixed text (3+ word runs), or the measurement would be of memorised wording."""
+    cases = [json.loads(line)["text"].lower() for line in
+             (Path(__file__).resolve().parents[1] / "functional" / "toxicity.jsonl").read_text().splitlines() if line]
+    for frame in DENOUNCE_FRAMES:
+        for part in frame.lower().split("{}"):
+            words = part.replace('"', " ").replace(".", " ").replace(",", " ").split()
+            for i in range(len(words) - 2):
+                run = " ".join(words[i:i + 3])
+                assert not any(run in " ".join(c.replace(".", " ").replace(",", " ").split()) for c in cases), run
 
 
 def test_a_copy_that_does_not_change_is_not_added():
