@@ -37,9 +37,7 @@ CELL_QUANTUM = 256
 #: that loop with :class:`~steerkit.integrations.llama_cpp.LlamaCppRAD` compute the same logits (tested)
 FLASH_ATTENTION = 0
 
-#: The most KV cells (tokens, over all rows) a context reserves: the server's 16 rows get 2,048 tokens each
-#: (SmolLM2-135M: 23 KB a cell in f16, so 0.75 GB); ``generate`` reserves only what its batch needs.
-MAX_CELLS = 32768
+
 
 
 class LlamaCppError(SteerkitError):
@@ -101,7 +99,9 @@ class LlamaCppLM:
         limit = trained if max_context is None else min(int(max_context), trained)
         if limit < 2:
             raise InvalidArgumentError(f"max_context={max_context}: a row needs at least 2 tokens of context.")
-        eos = [i for i in range(self.vocab_size) if lib.llama_vocab_is_eog(vocab, i)]
+        # the GGUF's end-of-sequence token, as transformers reads it into the dequantized model's generation config
+        # (llama.cpp's wider end-of-generation set would stop rows where steerkit's own engine does not)
+        eos = [int(lib.llama_vocab_eos(vocab))]
         self.path = str(path)
         self.threads = int(threads or torch.get_num_threads())
         self.config = SimpleNamespace(vocab_size=self.vocab_size, max_position_embeddings=limit,
@@ -271,10 +271,11 @@ class LlamaCppBatch:
         self.logits: torch.Tensor | None = None
         weakref.finalize(self, _give_all, lm, self.slots)
 
-    def reserve(self, rows: int, tokens: int) -> int:
-        """Room for ``rows`` rows of up to ``tokens`` tokens each (prompt + generated), within
-        :data:`MAX_CELLS` cells in all; returns the tokens a row may hold."""
-        tokens = min(tokens, max(CELL_QUANTUM, MAX_CELLS // max(1, rows)))
+    def reserve(self, rows: int, tokens: int, budget: int | None = None) -> int:
+        """Room for ``rows`` rows of up to ``tokens`` tokens each (prompt + generated), within ``budget`` tokens in
+        all when one is given (the server's); returns the tokens a row may hold."""
+        if budget is not None:
+            tokens = min(tokens, max(CELL_QUANTUM, budget // max(1, rows)))
         self.lm.ensure(rows, tokens)
         return min(tokens, self.lm.tokens_per_slot)
 

@@ -81,9 +81,10 @@ class LMBatch:
     def size(self) -> int:
         return self.mask.shape[0]
 
-    def reserve(self, rows: int, tokens: int) -> int:
-        """Room for ``rows`` rows of ``tokens`` tokens; returns the tokens a row may hold. A transformers cache
-        grows as it goes (llama.cpp's context is sized up front: :class:`~steerkit.engine.llama_cpp_lm.LlamaCppBatch`)."""
+    def reserve(self, rows: int, tokens: int, budget: int | None = None) -> int:
+        """Room for ``rows`` rows of ``tokens`` tokens (``budget``: tokens over all rows at most); returns the tokens a
+        row may hold. A transformers cache grows as it goes, so this is ``tokens`` (llama.cpp's context is sized up
+        front: :class:`~steerkit.engine.llama_cpp_lm.LlamaCppBatch`)."""
         return tokens
 
     def prefill(self, ids: list[int]) -> Prefilled:

@@ -61,6 +61,12 @@ IDLE_WAIT_S = 0.05
 PREFILL_CHUNK = 256  # measured: docs/performance.md, "A long prompt beside a short request"
 
 
+#: An LM whose KV cache is sized up front (llama.cpp, ``--engine llama.cpp``) reserves at most this many tokens over
+#: all running rows: 2,048 a row at the default 16 rows (SmolLM2-135M: 23 KB a token in f16, 0.75 GB in all). The
+#: row's share is ``limits.context_tokens``; a longer request is a 400.
+KV_BUDGET_TOKENS = 32768
+
+
 class EngineObserver(Protocol):
     """What the engine reports (the HTTP layer's metrics implement it). Called from the decode-loop thread;
     an observer that raises is ignored."""
@@ -99,7 +105,7 @@ class Engine:
         self._core = EngineCore(self.lm, tokenizer, eos=self.eos, vocab_size=self.vocab_size,
                                 names=lambda reward: _reward_name(reward, self.lookup))
         if self.context is not None:  # llama.cpp sizes its KV cache now, and may give a row fewer tokens
-            self.context = self._core.batch.reserve(self.max_running, self.context)
+            self.context = self._core.batch.reserve(self.max_running, self.context, budget=KV_BUDGET_TOKENS)
         self._core.batch.prefill([tokenizer.eos_token_id or 0])  # an LM whose KV cache cannot be batched fails now
         self._prefills = Prefills(self._core.batch, self.prefill_chunk)
         self._queue: deque[Row] = deque()

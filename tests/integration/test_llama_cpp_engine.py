@@ -89,6 +89,16 @@ def test_greedy_rad_agrees_with_steerkits_engine_on_f32_weights(f32_gguf, hf, re
     assert identical >= compared
 
 
+def test_the_llama_cpp_lm_stops_where_steerkits_engine_stops(f32_gguf, hf):
+    from steerkit.decoding import eos_ids
+    from steerkit.engine.llama_cpp_lm import LlamaCppLM
+
+    model, tokenizer = hf
+    lm = LlamaCppLM(str(f32_gguf), threads=1)
+    assert eos_ids(lm, tokenizer) == eos_ids(model, tokenizer)  # not llama.cpp's wider end-of-generation set
+    assert lm.vocab_size == model.config.vocab_size and lm.config.max_position_embeddings == 8192
+
+
 def test_generate_through_llama_cpp_equals_llama_cpp_pythons_own_loop():
     import steerkit
     from steerkit.integrations.llama_cpp import LlamaCppRAD
