@@ -6,7 +6,8 @@
   (both made from it by ``steerkit.integrations.gguf_files.convert_gguf``); Q4_1 + ``toxicity-token`` and +
   ``toxicity`` through :class:`~steerkit.integrations.llama_cpp.LlamaCppRAD` as its ``logits_processor``.
 * **steerkit's engine core with llama.cpp as the LM** (``engine="llama.cpp"``, Q4_1): plain, ``toxicity-token``,
-  ``toxicity``; batch 1 and 8.
+  ``toxicity`` with the rewards in torch, in onnxruntime at int8 (``backend="onnx-int8"``) and in llama.cpp at Q8_0
+  (``backend="llama.cpp-q8"``); batch 1 and 8.
 * **steerkit's own engine** (``engine="steerkit"``, transformers, eager, F32: the same file dequantized): the same
   rows. A compiled step and int8 weights (issue 25, item 3) are not built: the JSON lists them as such.
 
@@ -38,6 +39,8 @@ PROMPTS = ["You are such a", "The weather in Paris today is", "I can't believe m
            "My favourite thing about winter is", "The meeting was cancelled because", "He looked at me and said",
            "The best way to learn a language is", "Those people are always"]
 REWARDS = {"plain": {}, "toxicity-token": {"toxicity-token": -20.0}, "toxicity": {"toxicity": -20.0}}
+#: reward backends timed beside torch under engine="llama.cpp" (docs/backends.md): int8 onnxruntime, Q8_0 llama.cpp
+REWARD_BACKENDS = ("onnx-int8", "llama.cpp-q8")
 
 
 def read_bandwidth() -> float:
@@ -72,13 +75,13 @@ def llama_own_loop(llm, tokenizer, rewards, tokens: int, prompts) -> tuple[float
     return time.perf_counter() - start, count, texts
 
 
-def engine_run(lm, rewards, tokens: int, prompts, batch: int) -> tuple[float, int, list[str]]:
+def engine_run(lm, rewards, tokens: int, prompts, batch: int, backend: str = "auto") -> tuple[float, int, list[str]]:
     import steerkit
 
     count, texts, start = 0, [], time.perf_counter()
     for lo in range(0, len(prompts), batch):
         out = steerkit.generate(prompts[lo:lo + batch], lm=lm, rewards=rewards, k=20, max_new_tokens=tokens,
-                                do_sample=False)
+                                do_sample=False, backend=backend)
         texts += out.texts
         count += sum(out.num_new_tokens)
     return time.perf_counter() - start, count, texts
@@ -152,7 +155,7 @@ def main() -> None:
         rows.append({"engine": engine, "weights": weights, "steering": steering, "batch": batch,
                      "ms_per_token": round(ms, 2), "floor_ms": round(floor, 2), "over_floor": round(ms / floor, 2),
                      "tokens": count, "texts": texts})
-        print(f"{engine:22s} {weights:18s} {steering:15s} batch {batch}: {ms:7.2f} ms/token "
+        print(f"{engine:22s} {weights:18s} {steering:30s} batch {batch}: {ms:7.2f} ms/token "
               f"(floor {floor:.2f})", flush=True)
 
     for weights, path in files.items():
@@ -169,6 +172,9 @@ def main() -> None:
         for steering, rewards in REWARDS.items():
             record("steerkit + llama.cpp", "Q4_1", steering, batch,
                    lambda: engine_run(llama_lm, rewards, args.tokens, prompts, batch))
+            for backend in REWARD_BACKENDS if rewards else ():  # the reward models at reduced precision too
+                record("steerkit + llama.cpp", "Q4_1", f"{steering} ({backend})", batch,
+                       lambda: engine_run(llama_lm, rewards, args.tokens, prompts, batch, backend))
             record("steerkit (eager)", "F32 (transformers)", steering, batch,
                    lambda: engine_run(hf, rewards, args.tokens, prompts, batch))
     for row in rows:

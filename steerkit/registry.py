@@ -48,7 +48,8 @@ from .plugin_conflicts import NAME, Conflict, ConflictResolution, norm, parse_pr
 from .provenance import DISTRIBUTION, check_distribution
 
 #: Modules inside steerkit registered as plugins on the same path as installed packages.
-BUILTIN_PLUGINS: tuple[str, ...] = ("steerkit.evaluation.builtin_scorers", "steerkit.rewards.builtin_backends")
+BUILTIN_PLUGINS: tuple[str, ...] = ("steerkit.evaluation.builtin_scorers", "steerkit.rewards.builtin_backends",
+                                     "steerkit.rewards.llama_cpp.backend")
 
 
 @dataclass

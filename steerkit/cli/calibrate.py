@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from .common import BACKEND_HELP
+
 # The defaults live in steerkit.evaluation.calibrate, which imports torch; --help must not. The help texts name
 # them (tests/unit/test_calibrate.py checks that they agree).
 BETAS_HELP = "Comma-separated β grid; β = 0 (the baseline) is always run. \\[default: -40,-20,-10,-5,0,5,10,20,40]"
@@ -29,8 +31,7 @@ def calibrate(
     samples: int = typer.Option(2, "--samples", "-n", help="Continuations per prompt and β."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed, the same for every β."),
     max_perplexity_ratio: Optional[float] = typer.Option(None, "--max-perplexity-ratio", help=RATIO_HELP),
-    backend: str = typer.Option("auto", "--backend", help="Reward backend: torch, onnx or auto (an ONNX export runs "
-                                "on onnx, anything else on torch)."),
+    backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
     device: Optional[str] = typer.Option(None, "--device", help="torch device: cpu, cuda, cuda:1, mps. "
                                          "\\[default: cpu]"),
     as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),

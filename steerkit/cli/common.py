@@ -40,3 +40,8 @@ def message_console(*, stderr: bool = True) -> MessageConsole:
 
 
 err = message_console()
+
+
+#: ``--backend`` help, one text for every command (tests/unit/test_cli_backend_help.py checks it names every built-in)
+BACKEND_HELP = ("Reward backend: auto (an ONNX export runs on onnx, anything else on torch), torch, onnx, onnx-int8, "
+                "torch-bf16, llama.cpp, llama.cpp-q8, or a plugin's (docs/backends.md).")

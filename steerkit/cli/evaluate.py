@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from . import scaling as _scaling
-from .common import err
+from .common import BACKEND_HELP, err
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -67,8 +67,7 @@ def _command(task: str):
         temperature: Optional[float] = typer.Option(None, "--temperature"),
         seed: Optional[int] = typer.Option(None, "--seed"),
         batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Rows per decoding forward (default n)."),
-        backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch, onnx or auto (an "
-                                              "ONNX export runs on onnx, anything else on torch). \\[default: auto]"),
+        backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP + " \\[default: auto]"),
         scorer: List[str] = typer.Option([], "--scorer", "-s", help="Scorer spec, repeatable (see `steerkit eval scorers`)."),
         eval_lm: Optional[str] = typer.Option(None, "--eval-lm", help="Fluency LM (default gemma3-270m)."),
         no_fluency: bool = typer.Option(False, "--no-fluency", help="Skip perplexity."),

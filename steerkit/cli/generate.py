@@ -14,7 +14,7 @@ from .. import threads as _threads
 from ..errors import DataError, InvalidArgumentError
 from ..models import DEFAULT_LM
 from . import scaling as _scaling
-from .common import err, parse_reward_weight
+from .common import BACKEND_HELP, err, parse_reward_weight
 
 if TYPE_CHECKING:
     from ..config import SteeringConfig
@@ -42,8 +42,7 @@ def generate(
     greedy: bool = typer.Option(False, "--greedy", help="Argmax instead of sampling."),
     chat: bool = typer.Option(False, "--chat", help="Wrap prompts in the LM's chat template."),
     stop: List[str] = typer.Option([], "--stop", help="Stop string, repeatable."),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch, onnx or auto (an ONNX "
-                                          "export runs on onnx, anything else on torch). \\[default: auto]"),
+    backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP + " \\[default: auto]"),
     device: Optional[str] = typer.Option(None, "--device", help="torch device: cpu, cuda, cuda:1, mps. \\[default: cpu]"),
     engine: Optional[str] = typer.Option(None, "--engine", help="What runs the LM: steerkit (transformers) or "
                                          "llama.cpp (a packaged or .gguf LM; docs/llama_cpp.md). \\[default: steerkit]"),

@@ -27,6 +27,7 @@ _EVAL = 'pip install "steerkit-rad[eval]"'
 #: check is ``importlib.util.find_spec``, which imports nothing.
 OPTIONAL_DEPENDENCIES: dict[tuple[str, str, str], tuple[tuple[str, ...], str]] = {
     (_BACKENDS, "backend", "onnx"): (("onnxruntime", "onnx"), "pip install 'steerkit-rad[onnx]'"),
+    (_BACKENDS, "backend", "onnx-int8"): (("onnxruntime", "onnx"), "pip install 'steerkit-rad[onnx]'"),
     (_SCORERS, "scorer", "tox-block"): (("tox_block", "tf_keras", "tensorflow"),
                                         'pip install "steerkit-rad[eval-tox-block]"'),
     (_SCORERS, "scorer", "alt-profanity-check"): (("profanity_check",), _EVAL),

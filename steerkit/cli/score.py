@@ -7,6 +7,8 @@ import math
 from typing import List
 
 import typer
+
+from .common import BACKEND_HELP
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -18,8 +20,7 @@ def score(
     texts: List[str] = typer.Argument(..., help="Texts to score."),
     reward: str = typer.Option(..., "--reward", "-r", help="Reward reference: registered name or directory."),
     prefixes: bool = typer.Option(False, "--prefixes", help="Also print the reward of every prefix."),
-    backend: str = typer.Option("auto", "--backend", help="Reward backend: torch, onnx or auto (an ONNX export runs "
-                                "on onnx, anything else on torch)."),
+    backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
     as_json: bool = typer.Option(False, "--json"),
 ):
     """Print each text's reward ρ in [0, 1] (scored from scratch)."""

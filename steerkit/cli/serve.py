@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import InvalidArgumentError
-from .common import err, parse_reward_weight
+from .common import BACKEND_HELP, err, parse_reward_weight
 
 
 def serve(
@@ -29,8 +29,7 @@ def serve(
     reward: List[str] = typer.Option([], "--reward", "-r", help="REF=BETA, repeatable: the default steering "
                                      "(requests may override it). \\[default: none]"),
     k: Optional[int] = typer.Option(None, "--k", "-k", help="Default top-k candidates per step. \\[default: 20]"),
-    backend: Optional[str] = typer.Option(None, "--backend", help="Reward backend: torch, onnx or auto (an ONNX "
-                                          "export runs on onnx, anything else on torch). \\[default: auto]"),
+    backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP + " \\[default: auto]"),
     engine: Optional[str] = typer.Option(None, "--engine", help="What runs the LM: steerkit (transformers) or "
                                          "llama.cpp (a packaged or .gguf LM; docs/llama_cpp.md). \\[default: steerkit]"),
     max_running: int = typer.Option(16, "--max-running", min=1, help="Rows decoded together at most."),

@@ -1,5 +1,5 @@
-"""steerkit's reward backends, ``torch`` and ``onnx``, registered through the public
-``register_reward_backends`` hook.
+"""steerkit's reward backends, registered through the public ``register_reward_backends`` hook: ``torch`` and
+``onnx`` (fp32), and their reduced-precision variants ``torch-bf16`` and ``onnx-int8`` (:mod:`.precision`).
 
 This module is listed in :data:`steerkit.registry.BUILTIN_PLUGINS`, so it registers exactly as an installed
 plugin package would. The backends import their runtimes only when used, so registering stays free.
@@ -7,6 +7,7 @@ plugin package would. The backends import their runtimes only when used, so regi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..registry import hookimpl
@@ -46,26 +47,67 @@ class OnnxBackend(RewardBackend):
 
     name = "onnx"
 
-    def recognizes(self, directory: Path) -> bool:
-        """An ONNX export (its manifest): what the default backend ``"auto"`` runs here."""
-        from .onnx.manifest import is_export_dir
+    #: the precision of the exports it runs (:mod:`.onnx.quantize`); an export of another precision runs as it is
+    precision = "fp32"
 
-        return is_export_dir(directory)
+    def recognizes(self, directory: Path) -> bool:
+        """An ONNX export (its manifest) of this backend's precision: what the default backend ``"auto"`` runs
+        here."""
+        from .onnx.manifest import MANIFEST_NAME, is_export_dir
+
+        if not is_export_dir(directory):
+            return False
+        try:
+            manifest = json.loads((Path(directory) / MANIFEST_NAME).read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # an unreadable manifest: loading it says what is wrong
+            return self.precision == "fp32"
+        return isinstance(manifest, dict) and manifest.get("precision", "fp32") == self.precision
 
     def load(self, directory: Path):
         from .onnx.backend import OnnxRewardModel
 
-        return OnnxRewardModel.load(directory)
+        return OnnxRewardModel.load(directory, precision=self.precision)
 
     def new_cache(self, model, input_ids, attention_mask):
         from .onnx.backend import OnnxScoringCache
 
-        return OnnxScoringCache.for_model(model, input_ids, attention_mask)
+        return OnnxScoringCache.for_model(model, input_ids, attention_mask, precision=self.precision)
 
     def load_token(self, directory: Path):
         from .onnx.token import OnnxTokenModel
 
-        return OnnxTokenModel.load(directory)
+        return OnnxTokenModel.load(directory, precision=self.precision)
+
+
+class TorchBf16Backend(TorchBackend):
+    """The torch backend with the backbone's linear weights stored in bfloat16 and upcast to float32 for each
+    matmul (:func:`~steerkit.rewards.precision.bf16_weights`): half the memory of those weights, float32 compute."""
+
+    name = "torch-bf16"
+
+    def load(self, directory: Path):
+        from .precision import bf16_weights
+
+        return bf16_weights(super().load(directory))
+
+    def load_token(self, directory: Path):
+        from .precision import bf16_weights
+
+        return bf16_weights(super().load_token(directory))
+
+    def new_cache(self, model, input_ids, attention_mask):
+        from .precision import as_bf16
+
+        return super().new_cache(as_bf16(model), input_ids, attention_mask)
+
+
+class OnnxInt8Backend(OnnxBackend):
+    """The onnx backend on an int8 export: the backbone's matmul weights in 8 bits, computed in int8 by
+    onnxruntime's MatMulNBits (:mod:`steerkit.rewards.onnx.quantize`); made from the fp32 export and cached on first
+    use. Needs onnxruntime >= 1.22."""
+
+    name = "onnx-int8"
+    precision = "int8"
 
 
 def _from_pretrained(model_class, directory: Path):
@@ -84,3 +126,8 @@ def _from_pretrained(model_class, directory: Path):
 def register_reward_backends(register):
     register("torch", TorchBackend, description="PyTorch: the reward model's own weights (cpu, cuda, mps)")
     register("onnx", OnnxBackend, description="onnxruntime: a verified ONNX export, made and cached on first use")
+    register("torch-bf16", TorchBf16Backend,
+             description="PyTorch, backbone weights stored in bf16 and upcast to fp32 per matmul (half the memory)")
+    register("onnx-int8", OnnxInt8Backend,
+             description="onnxruntime: the ONNX export with 8-bit backbone weights and int8 matmuls "
+                         "(onnxruntime>=1.22)")

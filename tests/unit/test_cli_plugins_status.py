@@ -131,12 +131,13 @@ def test_a_backend_or_scorer_whose_dependency_is_absent_is_missing(absent):
     scorers = rows_of(rows, "steerkit.evaluation.builtin_scorers")
     assert backends["backend onnx"].startswith("missing: pip install 'steerkit-rad[onnx]'")
     assert "onnxruntime" in backends["backend onnx"]
-    assert backends["backend torch"] == "ok"
+    assert backends["backend torch"] == "ok" and backends["backend torch-bf16"] == "ok"
+    assert backends["backend onnx-int8"].startswith("missing: pip install 'steerkit-rad[onnx]'")
     assert scorers["scorer vader"].startswith('missing: pip install "steerkit-rad[eval]"')
     assert "vaderSentiment" in scorers["scorer vader"]
     assert scorers["scorer perspective"] == "ok"
 
-    assert _missing() == already | {("backend", "onnx"), ("scorer", "vader")}
+    assert _missing() == already | {("backend", "onnx"), ("backend", "onnx-int8"), ("scorer", "vader")}
 
 
 def test_an_installed_dependency_is_ok(absent):

@@ -20,6 +20,12 @@ from steerkit.rewards.packaged import reward_model_factory
 from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.rewards.sequence.torch_cache import TorchScoringCache
 
+#: steerkit's own backends, in registration order: fp32 first, then the reduced-precision ones
+BUILTIN = ["torch", "onnx", "torch-bf16", "onnx-int8"]
+BUILTIN_CHOICES = "'torch', 'onnx', 'torch-bf16', 'onnx-int8', 'llama.cpp' or 'llama.cpp-q8'"
+#: registered by steerkit.rewards.llama_cpp.backend, a built-in plugin module of its own, after BUILTIN
+LLAMA_CPP = ["llama.cpp", "llama.cpp-q8"]
+
 
 class CountingBackend(TorchBackend):
     """A plugin's backend: torch underneath, counting what the seam asks of it."""
@@ -68,10 +74,10 @@ def test_builtin_backends_register_through_the_hook():
     registry.reset()
     info = next(p for p in registry.list_plugins() if p.name == "steerkit.rewards.builtin_backends")
     assert info.source == "builtin" and info.hooks == ["register_reward_backends"] and not info.errors
-    assert info.backends == ["torch", "onnx"] and backend_names()[:2] == ["torch", "onnx"]
+    assert info.backends == BUILTIN and backend_names()[:4] == BUILTIN
     assert isinstance(get_backend("torch"), TorchBackend) and isinstance(get_backend("onnx"), OnnxBackend)
     assert get_backend("torch") is get_backend("steerkit:torch")  # built once, qualified names work
-    assert [r.name for r in registry.list_backends()][:2] == ["torch", "onnx"]
+    assert [r.name for r in registry.list_backends()][:4] == BUILTIN
 
 
 def test_unknown_backend_lists_the_registered_ones(reward_dir, lm, tokenizer):
@@ -79,19 +85,19 @@ def test_unknown_backend_lists_the_registered_ones(reward_dir, lm, tokenizer):
                  lambda: steerkit.generate(["Hi"], lm=(lm, tokenizer), rewards={str(reward_dir): 1}, backend="tpu"),
                  lambda: RewardModelScorer(object(), name="x", backend="jax"),
                  lambda: check_backend(None)):
-        with pytest.raises(InvalidArgumentError, match="Unknown reward backend .*; use 'torch' or 'onnx'"):
+        with pytest.raises(InvalidArgumentError, match="Unknown reward backend .*; use " + BUILTIN_CHOICES):
             call()
-    with pytest.raises(ConfigError, match=r"backend: Unknown reward backend 'tpu'; use 'torch' or 'onnx'"):
+    with pytest.raises(ConfigError, match=r"backend: Unknown reward backend 'tpu'; use " + BUILTIN_CHOICES):
         SteeringConfig.from_dict({"backend": "tpu"})
-    with pytest.raises(ConfigError, match=r"backend: Unknown reward backend 'tpu'; use 'torch' or 'onnx'"):
+    with pytest.raises(ConfigError, match=r"backend: Unknown reward backend 'tpu'; use " + BUILTIN_CHOICES):
         EvalConfig.from_dict({"backend": "tpu"})
 
 
 def test_a_plugin_backend_runs_everywhere_a_backend_name_goes(plugin_backend, reward_dir, lm, tokenizer):
-    assert backend_names()[:3] == ["torch", "onnx", "counting"]
+    assert backend_names()[:7] == [*BUILTIN, *LLAMA_CPP, "counting"]
     assert SteeringConfig.from_dict({"backend": "counting"}).backend == "counting"
     assert EvalConfig.from_dict({"backend": "counting"}).backend == "counting"
-    with pytest.raises(ConfigError, match="'torch', 'onnx', 'counting' or 'not-a-backend'"):
+    with pytest.raises(ConfigError, match="'torch', 'onnx', 'torch-bf16', 'onnx-int8', 'llama.cpp', 'llama.cpp-q8', 'counting' or 'not-a-backend'"):
         SteeringConfig.from_dict({"backend": "nope"})
 
     scorer = load_reward(str(reward_dir), backend="counting", context="full")

@@ -37,6 +37,7 @@ from ..cache import SharedPrefixCache, left_pad_kv, pick_columns
 from ..model import CONFIG_NAME, RewardModel, RewardModelConfig, refuse_empty_rows
 from .export import INSTALL_HINT, ensure_cached_export, model_content_hash, reward_dir_hash
 from .manifest import MODEL_FILE, is_export_dir, verify_export
+from .quantize import PRECISION_FP32, PRECISION_INT8, ensure_int8_export, export_precision
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
@@ -162,22 +163,26 @@ class OnnxRewardModel:
         self.manifest, self.config, self.tokenizer = verify_export(self.directory, expected_hash=expected_hash,
                                                                    tokenizer=tokenizer)
         self.reward_hash = self.manifest["source"]["reward_hash"]
+        self.precision = export_precision(self.manifest)
         self.runtime = OnnxRuntime(self.directory, self.manifest, providers, threads)
 
     @classmethod
-    def load(cls, reference: str | os.PathLike, **kwargs) -> "OnnxRewardModel":
-        """An export directory, or a reward-model directory (exported into the cache on first use)."""
+    def load(cls, reference: str | os.PathLike, *, precision: str = PRECISION_FP32, **kwargs) -> "OnnxRewardModel":
+        """An export directory, or a reward-model directory (exported into the cache on first use). With
+        ``precision="int8"`` an fp32 export (given, or made) is replaced by its cached int8 export
+        (:mod:`.quantize`)."""
         return load_export(cls, reference, ensure_cached_export, "{path} is neither an ONNX export (no "
-                           f"steerkit_onnx.json) nor a reward-model directory (no {CONFIG_NAME}).", **kwargs)
+                           f"steerkit_onnx.json) nor a reward-model directory (no {CONFIG_NAME}).",
+                           precision=precision, **kwargs)
 
     @classmethod
-    def from_torch(cls, model: RewardModel, **kwargs) -> "OnnxRewardModel":
-        """The cached export of an in-memory reward model (keyed by its content hash)."""
+    def from_torch(cls, model: RewardModel, *, precision: str = PRECISION_FP32, **kwargs) -> "OnnxRewardModel":
+        """The cached export of an in-memory reward model (keyed by its content hash), int8 with ``precision``."""
         if model.tokenizer is None:
             raise ExportError("The reward model has no tokenizer; it cannot be exported.")
         reward_hash = model_content_hash(model)
-        return cls(ensure_cached_export(model, reward_hash=reward_hash), expected_hash=reward_hash,
-                   tokenizer=model.tokenizer, **kwargs)
+        directory = with_precision(ensure_cached_export(model, reward_hash=reward_hash), precision)
+        return cls(directory, expected_hash=reward_hash, tokenizer=model.tokenizer, **kwargs)
 
     def __repr__(self) -> str:
         return (f"OnnxRewardModel({self.config.name!r}, {self.directory}, layers={self.config.num_layers}, "
@@ -196,7 +201,8 @@ class OnnxRewardModel:
         return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards, config=self.config)
 
 
-_FROM_TORCH: "weakref.WeakKeyDictionary[RewardModel, OnnxRewardModel]" = weakref.WeakKeyDictionary()
+#: the export of each in-memory torch model handed to the backend, per precision
+_FROM_TORCH: "weakref.WeakKeyDictionary[RewardModel, dict[str, OnnxRewardModel]]" = weakref.WeakKeyDictionary()
 
 
 class OnnxScoringCache(SharedPrefixCache):
@@ -215,17 +221,23 @@ class OnnxScoringCache(SharedPrefixCache):
         self.append(input_ids, attention_mask)
 
     @classmethod
-    def for_model(cls, model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> "OnnxScoringCache":
-        """A cache over an :class:`OnnxRewardModel`, or over the (cached, memoised) export of a torch model.
+    def for_model(cls, model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                  precision: str = PRECISION_FP32) -> "OnnxScoringCache":
+        """A cache over an :class:`OnnxRewardModel`, or over the (cached, memoised) export of a torch model (int8
+        with ``precision="int8"``).
 
         A torch model is exported the first time it is used with this backend; changing its weights
         afterwards is not seen by the memoised export (build a new model object, or use backend "torch").
         """
         if isinstance(model, RewardModel):
-            onnx_model = _FROM_TORCH.get(model)
+            exports = _FROM_TORCH.setdefault(model, {})
+            onnx_model = exports.get(precision)
             if onnx_model is None:
-                onnx_model = _FROM_TORCH[model] = OnnxRewardModel.from_torch(model)
+                onnx_model = exports[precision] = OnnxRewardModel.from_torch(model, precision=precision)
             model = onnx_model
+        elif precision != PRECISION_FP32 and isinstance(model, OnnxRewardModel) and model.precision != precision:
+            raise ExportError(f"{model.directory} is an {model.precision} export; the {precision} backend needs "
+                              f"its {precision} export: load the reward with that backend.")
         if not isinstance(model, OnnxRewardModel):
             raise ExportError(f"backend 'onnx' needs a RewardModel or an OnnxRewardModel, got {type(model).__name__}.")
         return cls(model, input_ids, attention_mask)
@@ -278,16 +290,27 @@ def score_from_scratch(encode, texts: list[str], batch_size: int, per_prefix: bo
     return (finals, prefixes) if per_prefix else finals
 
 
-def load_export(cls, reference, ensure_export, error: str, **kwargs):
+def with_precision(export_dir: Path, precision: str) -> Path:
+    """The export to run for ``precision``: ``export_dir`` itself for fp32 (an export runs as it was made), its
+    cached int8 export (made on first use, :func:`~.quantize.ensure_int8_export`) for int8."""
+    if precision == PRECISION_FP32:
+        return export_dir
+    if precision == PRECISION_INT8:
+        return ensure_int8_export(export_dir)
+    raise ExportError(f"Unknown ONNX precision {precision!r}; use {PRECISION_FP32!r} or {PRECISION_INT8!r}.")
+
+
+def load_export(cls, reference, ensure_export, error: str, *, precision: str = PRECISION_FP32, **kwargs):
     """``cls`` loaded from ``reference``: an export directory, or a reward-model directory (or its config file)
     exported by ``ensure_export(path, reward_hash=...)`` on first use; else an ExportError, ``error`` formatted
-    with ``path``."""
+    with ``path``. With ``precision="int8"`` the export's int8 export (:func:`with_precision`) is loaded."""
     path = Path(reference).expanduser()
     if path.name == CONFIG_NAME:
         path = path.parent
     if is_export_dir(path):
-        return cls(path, **kwargs)
+        return cls(with_precision(path, precision), **kwargs)
     if (path / CONFIG_NAME).is_file():
         reward_hash = reward_dir_hash(path)
-        return cls(ensure_export(path, reward_hash=reward_hash), expected_hash=reward_hash, **kwargs)
+        directory = with_precision(ensure_export(path, reward_hash=reward_hash), precision)
+        return cls(directory, expected_hash=reward_hash, **kwargs)
     raise ExportError(error.format(path=path))

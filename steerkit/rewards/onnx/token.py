@@ -127,6 +127,7 @@ class OnnxTokenModel:
         self.directory = Path(directory).expanduser()
         self.manifest, self.config, self.tokenizer = verify_export(self.directory, expected_hash=expected_hash,
                                                                    tokenizer=tokenizer)
+        self.precision = self.manifest.get("precision", "fp32")
         if self.manifest.get("kind") != "token":
             raise ExportError(f"{self.directory} is a sequence-level export; load it with load_reward(..., "
                               "backend='onnx').")
@@ -135,10 +136,12 @@ class OnnxTokenModel:
         self.device = torch.device("cpu")
 
     @classmethod
-    def load(cls, reference, **kwargs) -> "OnnxTokenModel":
-        """A token-level export directory, or a token-level reward-model directory (exported on first use)."""
+    def load(cls, reference, *, precision: str = "fp32", **kwargs) -> "OnnxTokenModel":
+        """A token-level export directory, or a token-level reward-model directory (exported on first use); with
+        ``precision="int8"`` its cached int8 export (:mod:`.quantize`)."""
         return load_export(cls, reference, ensure_token_export,
-                           "{path} is neither an ONNX export nor a reward-model directory.", **kwargs)
+                           "{path} is neither an ONNX export nor a reward-model directory.", precision=precision,
+                           **kwargs)
 
     def __repr__(self) -> str:
         return f"OnnxTokenModel({self.config.name!r}, {self.directory}, layers={self.config.num_layers})"

@@ -58,7 +58,9 @@ class TokenReward:
         check_vocabulary(self.name, self.model, lm_tokenizer)
         texts = prefixes if self.context == "full" else [""] * len(prefixes)
         enc = self.model.encode(texts)
-        return TokenSession(self, enc["input_ids"], enc["attention_mask"])
+        # a backend whose KV lives outside torch (llama.cpp) names its own session class on its model
+        session_class = getattr(self.model, "session_class", None) or TokenSession
+        return session_class(self, enc["input_ids"], enc["attention_mask"])
 
     def __repr__(self) -> str:
         return f"TokenReward({self.name!r}, backend={self.backend!r}, context={self.context!r})"

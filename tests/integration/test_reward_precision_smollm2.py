@@ -1,0 +1,101 @@
+"""The shipped `toxicity` and `toxicity-token` rewards at reduced precision (issue 25, item 2): `onnx-int8` and
+`torch-bf16` stay near fp32 on real texts and rank them as fp32 does.
+
+Bounds, from `benchmarks/bench_reward_precision.py` and this file's own texts (onnxruntime 1.32, torch 2.13):
+
+* the 84 labelled functional cases (tests/functional/toxicity.jsonl), texts and every prefix: max |Δρ| measured
+  int8 0.016 (`toxicity`) / 0.012 (`toxicity-token`), bf16 0.0027 / 0.0018; bound 0.05 (int8) and 0.01 (bf16);
+  AUROC on their labels 0.7847 → 0.7847 (`toxicity`, both precisions), 0.7737 → 0.7743 (`toxicity-token`, int8);
+* 200 s-nlp Jigsaw test sentences (../shared/data), texts and prefixes: max |Δρ| measured int8 0.022 / 0.020,
+  bf16 0.0024 / 0.0028; AUROC 0.9739 → 0.9736 (int8) for `toxicity`, 0.9695 → 0.9696 for `toxicity-token`;
+  bound: the same |Δρ| bounds, and the AUROC within 0.005 of fp32's.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import SHARED_DATA, requires_data, requires_smollm2
+
+pytestmark = [pytest.mark.integration, requires_smollm2]
+
+ROOT = Path(__file__).resolve().parents[2]
+BOUNDS = {"onnx-int8": 0.05, "torch-bf16": 0.01}
+AUROC_BOUND = 0.005
+REWARDS = ("toxicity", "toxicity-token")
+
+
+def _int8_problem():
+    try:
+        from steerkit.rewards.onnx.quantize import _int8_support
+    except ImportError as exc:
+        return str(exc)
+    return _int8_support()
+
+
+BACKENDS = [pytest.param("onnx-int8", marks=pytest.mark.skipif(_int8_problem() is not None,
+                                                                reason=f"onnx-int8 unavailable: {_int8_problem()}")),
+            "torch-bf16"]
+
+_loaded: dict = {}
+
+
+def _reward(name: str, backend: str):
+    from steerkit.errors import PluginError
+    from steerkit.rewards.loading import load_reward
+
+    if (name, backend) not in _loaded:
+        try:
+            _loaded[name, backend] = load_reward(name, backend=backend)
+        except PluginError as exc:
+            pytest.skip(f"{name} not installed: {exc}")
+    return _loaded[name, backend]
+
+
+def _flat(scores) -> torch.Tensor:
+    finals, prefixes = scores
+    return torch.tensor(finals + [x for p in prefixes for x in p], dtype=torch.float64)
+
+
+def _compare(name: str, backend: str, texts: list[str], labels: list[int]) -> tuple[float, float, float, bool]:
+    """(max |Δρ| over texts and prefixes, fp32 AUROC, reduced AUROC, bit-identical?)"""
+    from steerkit.training.metrics import auroc
+
+    fp32 = _reward(name, "torch").model.score_texts(texts, per_prefix=True)
+    reduced = _reward(name, backend).model.score_texts(texts, per_prefix=True)
+    a, b = _flat(fp32), _flat(reduced)
+    return (float((a - b).abs().max()), auroc(fp32[0], labels), auroc(reduced[0], labels), bool(torch.equal(a, b)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", REWARDS)
+def test_reduced_precision_stays_near_fp32_on_the_labelled_functional_cases(name, backend):
+    rows = [json.loads(x) for x in (ROOT / "tests" / "functional" / "toxicity.jsonl").read_text().splitlines() if x]
+    texts, labels = [r["text"] for r in rows], [int(r["label"] >= 0.5) for r in rows]
+    worst, fp32_auroc, reduced_auroc, identical = _compare(name, backend, texts, labels)
+    assert not identical, f"{name} @ {backend} gives exactly fp32's rewards: the reduced precision was not applied"
+    assert worst <= BOUNDS[backend], f"{name} @ {backend}: max |Δρ| {worst:.4f} > {BOUNDS[backend]}"
+    assert abs(reduced_auroc - fp32_auroc) <= AUROC_BOUND, (fp32_auroc, reduced_auroc)
+
+
+@pytest.mark.slow
+@requires_data
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", REWARDS)
+def test_reduced_precision_keeps_the_held_out_auroc(name, backend):
+    folder = SHARED_DATA / "toxicity" / "snlp_detox_jigsaw_sentences"
+    rng = random.Random(0)
+    texts, labels = [], []
+    for file, label in (("test_10k_toxic.txt", 1), ("test_10k_normal.txt", 0)):
+        lines = [x.strip() for x in (folder / file).read_text(encoding="utf-8").splitlines() if x.strip()]
+        picked = rng.sample(lines, 100)  # the benchmark's sample (benchmarks/bench_reward_precision.py)
+        texts, labels = texts + picked, labels + [label] * len(picked)
+    worst, fp32_auroc, reduced_auroc, identical = _compare(name, backend, texts, labels)
+    assert not identical
+    assert worst <= BOUNDS[backend], f"{name} @ {backend}: max |Δρ| {worst:.4f} > {BOUNDS[backend]}"
+    assert abs(reduced_auroc - fp32_auroc) <= AUROC_BOUND, (fp32_auroc, reduced_auroc)

@@ -1,0 +1,341 @@
+"""Reduced-precision reward backends (issue 25, item 2): ``onnx-int8`` and ``torch-bf16`` on tiny random models.
+
+Each precision must stay near fp32 (within a stated bound) and must *not* be bit-identical to it, so a quantization
+that is silently skipped fails as surely as a broken one. The int8 export is cached next to the fp32 export and
+written atomically; bad choices raise typed errors; steering runs end to end through every surface a backend name
+reaches (Python, config, CLI).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import steerkit
+from steerkit.errors import ConfigError, ExportError, InvalidArgumentError
+from steerkit.rewards.model import RewardModel, TokenHeadSettings
+from steerkit.rewards.precision import Bf16Linear, as_bf16, bf16_weights
+from steerkit.rewards.token.model import TokenRewardModel
+
+TEXTS = ["The quick brown fox jumps over", "You are a wonderful friend", "I hate", "Café déjà vu 🙂",
+         "Numbers 1 2 3"]
+#: |Δρ| bounds against fp32 on these tiny models, over scored texts, their prefixes and 6 decoding steps of 7
+#: candidates (measured with onnxruntime 1.32 / torch 2.13: int8 0.017 sequence, 0.006 token; bf16 0.0023 sequence,
+#: 0.0011 token). A broken quantization is off by 0.1 or more (the export's own probe refuses it beyond 0.1).
+INT8_BOUND = 0.05
+BF16_BOUND = 0.01
+
+
+def _int8_ready():
+    try:
+        from steerkit.rewards.onnx.quantize import _int8_support
+    except ImportError as exc:  # no onnx in this environment
+        return str(exc)
+    return _int8_support()
+
+
+_problem = _int8_ready()
+requires_int8 = pytest.mark.skipif(_problem is not None, reason=f"onnx-int8 unavailable here: {_problem}")
+
+
+@pytest.fixture(scope="module")
+def steerkit_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        path = tmp_path_factory.mktemp("steerkit_cache")
+        mp.setenv("STEERKIT_CACHE", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory, tokenizer):
+    from steerkit.testing import save_tiny_lm
+
+    return save_tiny_lm(tmp_path_factory.mktemp("precision-backbone"), tokenizer, seed=5)
+
+
+@pytest.fixture(scope="module")
+def reward_dir(tmp_path_factory, backbone):
+    rm = RewardModel.from_backbone(str(backbone), name="tiny-precision")
+    torch.manual_seed(11)
+    torch.nn.init.normal_(rm.head.weight, std=0.5)
+    return rm.save_pretrained(tmp_path_factory.mktemp("rm") / "tiny-rm")
+
+
+@pytest.fixture(scope="module")
+def token_dir(tmp_path_factory, backbone):
+    rm = TokenRewardModel.from_backbone(str(backbone), name="tiny-precision-token", head=TokenHeadSettings(rank=6))
+    torch.manual_seed(0)
+    for p in rm.head.parameters():
+        torch.nn.init.normal_(p, std=0.4)
+    return rm.save_pretrained(tmp_path_factory.mktemp("rm-token") / "tiny-token")
+
+
+def _decoding_rewards(reward, tokenizer, steps: int = 6, k: int = 7) -> torch.Tensor:
+    """The rewards of k random candidates at each of ``steps`` steps over two rows (committing candidate 0)."""
+    session = reward.start(["I hate it", "You are a wonderful friend"], tokenizer)
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(steps):
+        candidates = torch.randint(3, len(tokenizer), (2, k), generator=g)
+        out.append(session.score(candidates))
+        session.commit(candidates[:, 0])
+    return torch.stack(out)
+
+
+def _gap(reference, reduced, tokenizer) -> tuple[float, bool]:
+    """(max |Δρ| over scored texts, their prefixes and decoding-time candidates; whether all were identical)."""
+    a, pa = reference.model.score_texts(TEXTS, per_prefix=True)
+    b, pb = reduced.model.score_texts(TEXTS, per_prefix=True)
+    flat_a = torch.tensor(a + [x for r in pa for x in r])
+    flat_b = torch.tensor(b + [x for r in pb for x in r])
+    da, db = _decoding_rewards(reference, tokenizer), _decoding_rewards(reduced, tokenizer)
+    gap = max(float((flat_a - flat_b).abs().max()), float((da - db).abs().max()))
+    return gap, bool(torch.equal(flat_a, flat_b) and torch.equal(da, db))
+
+
+# -- ρ near fp32, never identical ---------------------------------------------------------------------------------
+@requires_int8
+@pytest.mark.parametrize("which", ["reward_dir", "token_dir"], ids=["sequence", "token"])
+def test_int8_rewards_are_near_fp32_and_not_identical(which, request, tokenizer, steerkit_cache):
+    directory = request.getfixturevalue(which)
+    fp32, int8 = steerkit.load_reward(str(directory)), steerkit.load_reward(str(directory), backend="onnx-int8")
+    assert int8.backend == "onnx-int8" and int8.model.precision == "int8"
+    gap, identical = _gap(fp32, int8, tokenizer)
+    assert not identical, "the int8 rewards are exactly fp32's: the quantization was skipped"
+    assert 0 < gap <= INT8_BOUND, gap
+
+
+@pytest.mark.parametrize("which", ["reward_dir", "token_dir"], ids=["sequence", "token"])
+def test_bf16_rewards_are_near_fp32_and_not_identical(which, request, tokenizer):
+    directory = request.getfixturevalue(which)
+    fp32, bf16 = steerkit.load_reward(str(directory)), steerkit.load_reward(str(directory), backend="torch-bf16")
+    assert bf16.backend == "torch-bf16"
+    linears = [m for m in bf16.model.backbone.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is Bf16Linear and m.weight.dtype == torch.bfloat16 for m in linears)
+    # only the backbone's matmul weights: embeddings, norms, the head, activations and the KV cache stay fp32
+    assert bf16.model.backbone.get_input_embeddings().weight.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in bf16.model.head.parameters())
+    gap, identical = _gap(fp32, bf16, tokenizer)
+    assert not identical, "the bf16 rewards are exactly fp32's: the weights were not stored in bf16"
+    assert 0 < gap <= BF16_BOUND, gap
+
+
+def test_bf16_of_an_in_memory_model_converts_a_copy_once(reward_dir):
+    model = RewardModel.from_pretrained(reward_dir)
+    scorer = steerkit.RewardModelScorer(model, backend="torch-bf16")
+    enc = model.encode(["I hate it"])
+    cache = scorer.new_cache(enc["input_ids"], enc["attention_mask"])
+    assert cache.model is not model and cache.model is as_bf16(model) and bf16_weights(cache.model) is cache.model
+    assert all(type(m) is torch.nn.Linear and m.weight.dtype == torch.float32  # the caller's model is untouched
+               for m in model.backbone.modules() if isinstance(m, torch.nn.Linear))
+
+
+# -- the int8 export: cached next to the fp32 export, atomically, verified -------------------------------------------
+@requires_int8
+def test_int8_export_is_cached_next_to_the_fp32_export_and_made_once(reward_dir, steerkit_cache, capfd):
+    from steerkit.rewards.onnx.export import cache_entry, reward_dir_hash
+    from steerkit.rewards.onnx.manifest import MANIFEST_NAME, MODEL_FILE, read_manifest
+    from steerkit.rewards.onnx.quantize import BLOCK_SIZE, int8_cache_entry
+
+    copy = shutil.copytree(reward_dir, steerkit_cache.parent / "rm-cache-test")
+    rm = RewardModel.from_pretrained(copy)
+    torch.nn.init.normal_(rm.head.weight, std=0.3)  # its own hash: nothing cached for it yet
+    rm.save_pretrained(copy)
+    capfd.readouterr()
+    first = steerkit.load_reward(str(copy), backend="onnx-int8")
+    err = capfd.readouterr().err
+    assert "exporting" in err and "quantizing" in err and "int8" in err
+    fp32_entry = cache_entry(reward_dir_hash(copy))
+    fp32_manifest = read_manifest(fp32_entry)
+    assert first.model.directory == int8_cache_entry(fp32_manifest)
+    assert first.model.directory.parent == fp32_entry.parent  # next to the fp32 export
+    manifest = json.loads((first.model.directory / MANIFEST_NAME).read_text())
+    assert manifest["precision"] == "int8" and fp32_manifest.get("precision", "fp32") == "fp32"
+    q = manifest["quantization"]
+    assert q["method"] == "MatMulNBits" and q["bits"] == 8 and q["block_size"] == BLOCK_SIZE and q["nodes"] > 0
+    assert q["source_export"]["model_sha256"] == fp32_manifest["files"][MODEL_FILE]["sha256"]
+    assert manifest["source"]["reward_hash"] == reward_dir_hash(copy)
+    # no staging or temporary directories are left behind
+    assert not [p.name for p in fp32_entry.parent.iterdir() if "staging" in p.name or ".tmp" in p.name]
+    mtime = (first.model.directory / MODEL_FILE).stat().st_mtime_ns
+    again = steerkit.load_reward(str(copy), backend="onnx-int8")
+    assert "quantizing" not in capfd.readouterr().err and again.model.directory == first.model.directory
+    assert (again.model.directory / MODEL_FILE).stat().st_mtime_ns == mtime
+
+
+@requires_int8
+def test_a_failed_quantization_publishes_nothing(reward_dir, steerkit_cache, monkeypatch):
+    from steerkit.rewards.onnx import quantize
+    from steerkit.rewards.onnx.backend import OnnxRewardModel
+
+    fp32 = OnnxRewardModel.load(reward_dir).directory
+    entry = quantize.int8_cache_entry(quantize.read_manifest(fp32))
+    shutil.rmtree(entry, ignore_errors=True)
+
+    def broken(model, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(quantize, "quantize_graph", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        steerkit.load_reward(str(reward_dir), backend="onnx-int8")
+    assert not entry.exists()
+    assert not [p.name for p in entry.parent.iterdir() if entry.name in p.name or "staging" in p.name]
+
+
+@requires_int8
+def test_a_skipped_or_broken_quantization_is_refused(reward_dir, steerkit_cache, tmp_path, monkeypatch):
+    from steerkit.rewards.onnx import quantize
+    from steerkit.rewards.onnx.backend import OnnxRewardModel
+
+    fp32 = OnnxRewardModel.load(reward_dir).directory
+    monkeypatch.setattr(quantize, "quantize_graph", lambda model, **kw: 1)  # claims a node, changes nothing
+    with pytest.raises(ExportError, match="quantization had no effect"):
+        quantize.quantize_export(fp32, tmp_path / "skipped")
+    monkeypatch.undo()
+    real = quantize._quantized_weight
+    monkeypatch.setattr(quantize, "_quantized_weight", lambda w, b: (real(w, b)[0], real(w, b)[1] * 40))
+    with pytest.raises(ExportError, match="differs from fp32"):
+        quantize.quantize_export(fp32, tmp_path / "broken")
+    assert not (tmp_path / "skipped").exists() and not (tmp_path / "broken").exists()
+
+
+@requires_int8
+def test_int8_export_dir_runs_on_onnx_int8_under_auto_and_is_verified(reward_dir, steerkit_cache, tmp_path):
+    from steerkit.rewards.backends import resolve_backend
+    from steerkit.rewards.onnx.backend import OnnxRewardModel
+    from steerkit.rewards.onnx.manifest import MODEL_FILE
+    from steerkit.rewards.onnx.quantize import quantize_export
+
+    fp32 = OnnxRewardModel.load(reward_dir).directory
+    out = quantize_export(fp32, tmp_path / "tiny-int8")
+    assert resolve_backend("auto", out) == "onnx-int8" and resolve_backend("auto", fp32) == "onnx"
+    auto = steerkit.load_reward(str(out))
+    assert auto.backend == "onnx-int8" and auto.model.precision == "int8" and auto.model.directory == out
+    # an fp32 export named with onnx-int8 is quantized; an int8 export is used as it is
+    assert steerkit.load_reward(str(fp32), backend="onnx-int8").model.precision == "int8"
+    with pytest.raises(ExportError, match="already an int8 export"):
+        quantize_export(out, tmp_path / "twice")
+    bad = shutil.copytree(out, tmp_path / "corrupt")
+    data = bytearray((bad / MODEL_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (bad / MODEL_FILE).write_bytes(bytes(data))
+    with pytest.raises(ExportError, match="corrupted"):
+        steerkit.load_reward(str(bad))
+
+
+# -- typed errors ------------------------------------------------------------------------------------------------
+def test_an_unknown_precision_backend_is_a_typed_error_listing_the_choices(reward_dir):
+    from steerkit.config import SteeringConfig
+
+    for bad in ("onnx-int4", "int8", "bf16"):
+        with pytest.raises(InvalidArgumentError, match=f"Unknown reward backend '{bad}'; use 'torch', 'onnx', "
+                                                       "'torch-bf16'(,| or) 'onnx-int8'"):
+            steerkit.load_reward(str(reward_dir), backend=bad)
+        with pytest.raises(ConfigError, match=f"backend: Unknown reward backend '{bad}'"):
+            SteeringConfig.from_dict({"backend": bad})
+    from steerkit.rewards.onnx.backend import with_precision
+
+    with pytest.raises(ExportError, match="Unknown ONNX precision 'int4'"):
+        with_precision(reward_dir, "int4")
+
+
+def test_an_onnxruntime_without_8bit_kernels_says_which_version_to_install(reward_dir, steerkit_cache, monkeypatch):
+    pytest.importorskip("onnx")
+    from steerkit.rewards.onnx import quantize
+
+    monkeypatch.setattr(quantize, "_int8_support", lambda: "backend 'onnx-int8' needs onnxruntime >= 1.22 (8-bit "
+                                                           "MatMulNBits kernels); this is onnxruntime 1.19.0")
+    with pytest.raises(ExportError, match=r"needs onnxruntime >= 1\.22"):
+        steerkit.load_reward(str(reward_dir), backend="onnx-int8")
+    assert not quantize.int8_supported()
+
+
+def test_bf16_of_a_model_without_linear_layers_is_a_typed_error():
+    from steerkit.errors import RewardModelFormatError
+
+    class NoLinear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = torch.nn.Embedding(4, 4)
+            self.config = type("C", (), {"name": "odd"})()
+
+    with pytest.raises(RewardModelFormatError, match="no linear layer"):
+        bf16_weights(NoLinear())
+    with pytest.raises(RewardModelFormatError, match="needs a steerkit reward model"):
+        bf16_weights(torch.nn.Linear(2, 2))
+
+
+# -- steering end to end, through every surface a backend name reaches ----------------------------------------------
+@pytest.mark.parametrize("backend", [pytest.param("onnx-int8", marks=requires_int8), "torch-bf16"])
+def test_steering_runs_end_to_end(backend, reward_dir, token_dir, lm, tokenizer, steerkit_cache, tmp_path):
+    from typer.testing import CliRunner
+
+    from steerkit.cli import app
+    from steerkit.config import SteeringConfig
+
+    kw = dict(lm=(lm, tokenizer), rewards={str(reward_dir): -8.0, str(token_dir): -4.0}, k=8, max_new_tokens=10,
+              seed=3, eos_token_id=[], return_traces=True)
+    reduced = steerkit.generate(["The quick", "You are"], backend=backend, **kw)
+    fp32 = steerkit.generate(["The quick", "You are"], backend="torch", **kw)
+    assert reduced.sequences.shape == fp32.sequences.shape
+    step = reduced.traces[0][0]
+    assert all(((r >= 0) & (r <= 1)).all() for r in step.rewards.values())
+    # a config file names it as it names any backend
+    config = SteeringConfig.from_dict({"backend": backend, "rewards": [{"name": str(reward_dir), "beta": -8}]})
+    (term,) = config.build_terms()
+    assert term.reward.backend == backend
+    # and so does the command line
+    result = CliRunner().invoke(app, ["score", "I hate it", "hello", "-r", str(reward_dir), "--backend", backend,
+                                      "--json"])
+    assert result.exit_code == 0, result.output
+    rewards = [r["reward"] for r in json.loads(result.stdout)["results"]]
+    reference = RewardModel.from_pretrained(reward_dir).score_texts(["I hate it", "hello"])
+    bound = INT8_BOUND if backend == "onnx-int8" else BF16_BOUND
+    assert max(abs(a - b) for a, b in zip(rewards, reference)) <= bound
+    lm_dir = tmp_path / "lm"
+    lm.save_pretrained(lm_dir)
+    tokenizer.save_pretrained(lm_dir)
+    result = CliRunner().invoke(app, ["generate", "The quick", "--lm", str(lm_dir), "-r", f"{reward_dir}=-8", "-k", "5",
+                                      "-t", "4", "--seed", "1", "--backend", backend, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output.strip().splitlines()[-1])["generations"]
+
+
+# -- another backbone family: GPT-2's Conv1D (a Gemm in the ONNX graph) ------------------------------------------
+def _gpt2_reward(tokenizer):
+    import transformers as tf
+
+    torch.manual_seed(4)
+    config = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=128, vocab_size=len(tokenizer),
+                           pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                           eos_token_id=tokenizer.eos_token_id)
+    rm = RewardModel.from_causal_lm(tf.GPT2LMHeadModel(config).eval(), tokenizer, name="tiny-gpt2")
+    torch.nn.init.normal_(rm.head.weight, std=0.5)
+    return rm
+
+
+def test_bf16_converts_gpt2_conv1d_layers(tokenizer):
+    rm = _gpt2_reward(tokenizer)
+    reference = torch.tensor(rm.score_texts(TEXTS))
+    converted = bf16_weights(_gpt2_reward(tokenizer))
+    layers = [m for m in converted.backbone.modules() if type(m).__name__ == "Bf16Conv1D"]
+    assert len(layers) == 8 and all(m.weight.dtype == torch.bfloat16 for m in layers)  # 4 per block
+    gap = float((torch.tensor(converted.score_texts(TEXTS)) - reference).abs().max())
+    assert 0 < gap <= BF16_BOUND, gap
+
+
+@requires_int8
+def test_int8_quantizes_gpt2_gemm_layers(tokenizer, tmp_path, steerkit_cache):
+    from steerkit.rewards.onnx.backend import OnnxRewardModel
+    from steerkit.rewards.onnx.export import export_onnx
+    from steerkit.rewards.onnx.quantize import quantize_export
+
+    rm = _gpt2_reward(tokenizer)
+    out = quantize_export(export_onnx(rm, tmp_path / "fp32"), tmp_path / "int8")
+    assert json.loads((out / "steerkit_onnx.json").read_text())["quantization"]["nodes"] == 8
+    got = torch.tensor(OnnxRewardModel(out, tokenizer=tokenizer).score_texts(TEXTS))
+    gap = float((got - torch.tensor(rm.score_texts(TEXTS))).abs().max())
+    assert 0 < gap <= INT8_BOUND, gap
