@@ -14,6 +14,7 @@ benchmarks/results/bench_serve.json (machine load included). Run heavy work unde
 
     flock /tmp/steerkit-heavy.lock python benchmarks/bench_serve.py            # ~5 min on 2 busy CPU cores
     python benchmarks/bench_serve.py --requests 8 --max-tokens 16 --levels 1 4  # a quick look
+    python benchmarks/bench_serve.py --engine llama.cpp --backend onnx-int8 --out benchmarks/results/bench_serve_llama_cpp.json
 """
 
 from __future__ import annotations
@@ -127,6 +128,8 @@ def main() -> None:
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16, 32], help="concurrent clients")
     parser.add_argument("--beta", type=float, default=-20.0, help="β of the toxicity reward")
     parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--engine", default="steerkit", help="steerkit serve --engine: steerkit or llama.cpp")
+    parser.add_argument("--backend", default="auto", help="steerkit serve --backend (the reward's)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_serve.json")
     args = parser.parse_args()
 
@@ -136,7 +139,7 @@ def main() -> None:
     env = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "STEERKIT_PLUGINS": "toxicity"}
     cmd = [sys.executable, "-m", "steerkit", "serve", "--lm", "smollm2-135m-instruct", "--port", str(port),
            "--max-running", str(max_running), "--max-queue", str(max(64, args.requests)), "--timeout", "0",
-           "--log-level", "warning"]
+           "--log-level", "warning", "--engine", args.engine, "--backend", args.backend]
     load_before = os.getloadavg()
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

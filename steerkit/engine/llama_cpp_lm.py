@@ -16,9 +16,7 @@ streams, so one row can never run another out of cache.
 
 from __future__ import annotations
 
-import ctypes
 import math
-import os
 import threading
 import weakref
 from types import SimpleNamespace
@@ -27,8 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidArgumentError, ModelFormatError, SteerkitError
-
-INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install "steerkit-rad[llama-cpp]"'
+from ..llama_cpp_lib import load as _load_lib
 
 #: A context is sized in multiples of this many cells per sequence (fewer re-creations as lengths vary).
 CELL_QUANTUM = 256
@@ -45,32 +42,8 @@ class LlamaCppError(SteerkitError):
 
 
 def import_llama_cpp():
-    try:
-        import llama_cpp
-    except ImportError:
-        raise ModelFormatError(f"engine='llama.cpp' needs llama-cpp-python, which is not installed: {INSTALL} "
-                               "(a source build; docs/llama_cpp.md).") from None
-    return llama_cpp
-
-
-_silenced = False
-
-
-def _silence(lib) -> None:
-    """llama.cpp logs every load to stderr; keep only its errors (set once per process)."""
-    global _silenced
-    if _silenced:
-        return
-    level_error = 4  # GGML_LOG_LEVEL_ERROR
-
-    @lib.llama_log_callback
-    def _log(level, text, _user):
-        if level >= level_error and level != 5:  # 5: GGML_LOG_LEVEL_CONT (continuation of the previous line)
-            os.write(2, text)
-
-    _silence.callback = _log  # keep it alive
-    lib.llama_log_set(_log, ctypes.c_void_p(0))
-    _silenced = True
+    """llama-cpp-python (:func:`steerkit.llama_cpp_lib.load`); its absence is a ModelFormatError with the fix."""
+    return _load_lib(ModelFormatError, "engine='llama.cpp'")
 
 
 class LlamaCppLM:
@@ -85,8 +58,6 @@ class LlamaCppLM:
     def __init__(self, path: str, *, max_context: int | None = None, threads: int | None = None,
                  name: str | None = None):
         self.lib = lib = import_llama_cpp()
-        _silence(lib)
-        lib.llama_backend_init()
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
         self.model = lib.llama_model_load_from_file(str(path).encode(), params)

@@ -171,7 +171,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", (
         "steerkit.errors", "steerkit.seeds", "steerkit.files", "steerkit.threads", "steerkit.validators",
         "steerkit.hf_compat", "steerkit.hookspecs", "steerkit.plugin_conflicts", "steerkit.provenance",
-        "steerkit.registry", "steerkit.model_checks")),
+        "steerkit.registry", "steerkit.model_checks", "steerkit.llama_cpp_lib")),
     ("the step", ("steerkit.engine", "steerkit.engine.step", "steerkit.engine.text")),
     ("models and rewards", ("steerkit.models", "steerkit.devices", "steerkit.rewards.*")),
     ("the engine core", (
@@ -263,7 +263,8 @@ def test_the_step_imports_nothing_from_steerkit_but_its_errors():
 def test_the_engine_imports_no_terms_and_no_surface():
     graph = import_graph()
     found = sorted(f"{m} -> {t}" for m in graph if m.startswith("steerkit.engine") for t in graph[m]
-                   if not t.startswith(("steerkit.engine", "steerkit.errors", "steerkit.hf_compat", "steerkit.rewards.base")))
+                   if not t.startswith(("steerkit.engine", "steerkit.errors", "steerkit.hf_compat", "steerkit.rewards.base",
+                                        "steerkit.llama_cpp_lib")))
     assert not found, found
 
 

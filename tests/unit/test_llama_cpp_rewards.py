@@ -167,7 +167,7 @@ def test_missing_llama_cpp_python_names_the_install_command(monkeypatch):
     from steerkit.rewards.llama_cpp.runtime import import_llama_cpp
 
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    with pytest.raises(ExportError, match=r'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install -e "\.\[llama-cpp\]"'):
+    with pytest.raises(ExportError, match=r'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install "steerkit-rad\[llama-cpp\]"'):
         import_llama_cpp()
 
 

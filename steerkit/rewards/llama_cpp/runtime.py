@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from ...errors import SteerkitError
+from ...llama_cpp_lib import load as load_lib
 
-INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install -e ".[llama-cpp]"'
 #: tokens per llama_decode call at most (longer batches are split, in order)
 BATCH_TOKENS = 2048
 #: sequences per context: rows plus pending candidates of every cache of the model (llama.cpp allows up to 256)
@@ -42,33 +42,10 @@ class LlamaCppRewardError(SteerkitError):
 
 
 def import_llama_cpp():
+    """llama-cpp-python (:func:`steerkit.llama_cpp_lib.load`); its absence is an ExportError with the fix."""
     from ...errors import ExportError
 
-    try:
-        import llama_cpp
-    except ImportError:
-        raise ExportError(f"backend 'llama.cpp' needs llama-cpp-python, which is not installed: {INSTALL} "
-                          "(a source build, ~5 min once; docs/llama_cpp.md).") from None
-    return llama_cpp
-
-
-_silenced = False
-
-
-def _silence(lib) -> None:
-    """llama.cpp logs every load to stderr; keep only its errors (once per process; the LM engine does the same)."""
-    global _silenced
-    if _silenced:
-        return
-
-    @lib.llama_log_callback
-    def _log(level, text, _user):
-        if level >= 4 and level != 5:  # GGML_LOG_LEVEL_ERROR; 5 is a continuation line
-            os.write(2, text)
-
-    _silence.callback = _log  # keep it alive
-    lib.llama_log_set(_log, ctypes.c_void_p(0))
-    _silenced = True
+    return load_lib(ExportError, "backend 'llama.cpp'")
 
 
 class LlamaCppRuntime:
@@ -77,7 +54,6 @@ class LlamaCppRuntime:
     def __init__(self, path, *, hidden: int, kv_type: str = "f32", threads: int | None = None,
                  sequences: int = DEFAULT_SEQUENCES, cells: int | None = None):
         self.lib = lib = import_llama_cpp()
-        _silence(lib)
         lib.llama_backend_init()
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0

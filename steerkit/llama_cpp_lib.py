@@ -1,0 +1,43 @@
+"""llama-cpp-python's C API, loaded once for every part of steerkit that drives llama.cpp: the LM engine
+(``engine="llama.cpp"``, :mod:`steerkit.engine.llama_cpp_lm`) and the reward backends ``llama.cpp`` and
+``llama.cpp-q8`` (:mod:`steerkit.rewards.llama_cpp`).
+
+:func:`load` imports it (a missing build is the caller's typed error, with :data:`INSTALL`) and, once per process,
+sends llama.cpp's log to stderr only for errors: llama.cpp logs every model load and context line by default.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+#: how to install llama-cpp-python for this CPU (a source build; docs/llama_cpp.md)
+INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install "steerkit-rad[llama-cpp]"'
+
+_GGML_LOG_LEVEL_ERROR = 4
+_GGML_LOG_LEVEL_CONT = 5  # the continuation of the previous line
+_lock = threading.Lock()
+_callback = None  # the installed log callback (kept alive: llama.cpp holds a pointer to it)
+
+
+def load(error: type[Exception], what: str):
+    """The ``llama_cpp`` module, with llama.cpp's logging quieted; ``error(...)`` naming ``what`` and the install
+    command when llama-cpp-python is not installed."""
+    global _callback
+    try:
+        import llama_cpp
+    except ImportError:
+        raise error(f"{what} needs llama-cpp-python, which is not installed: {INSTALL} (a source build, about 5 "
+                    "minutes once; docs/llama_cpp.md).") from None
+    with _lock:
+        if _callback is None:
+            @llama_cpp.llama_log_callback
+            def _log(level, text, _user):
+                if level >= _GGML_LOG_LEVEL_ERROR and level != _GGML_LOG_LEVEL_CONT:
+                    os.write(2, text)
+
+            llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
+            _callback = _log
+            llama_cpp.llama_backend_init()
+    return llama_cpp
