@@ -28,7 +28,10 @@ sys.path.insert(0, str(ROOT))
 
 FOLDS = {"without-toxigen": "left out: ToxiGen statements", "without-stormfront": "left out: Stormfront"}
 VARIANTS = {"a": "sequence, 6 layers, LoRA", "b": "sequence, 12 layers, LoRA", "c4": "token, 4 layers, LoRA",
-            "c8": "token, 8 layers, LoRA", "d": "token head (rank 64) on the LM's own 30 layers, frozen"}
+            "c8": "token, 8 layers, LoRA", "d": "token head (rank 64) on the LM's own 30 layers, frozen",
+            "ad": "a + counter-speech copies of the new sources' hate rows (denounce, rate 0.5)"}
+#: variants with another's architecture: the same decode cost (not measured twice)
+SAME_COST = {"ad": "a"}
 CATEGORIES = ("counter-speech", "negated positive", "implicit derogation", "neutral identity")
 
 
@@ -69,6 +72,8 @@ def measure_cost(runs: Path, table: dict, steps: int, repeats: int) -> None:
     lm, tok, _ = load_causal_lm_cached("smollm2-135m-instruct")
     plain = {k: step_ms(lm, tok, [], k, 1, steps, repeats) for k in (20, 200)}
     for variant, row in table.items():
+        if variant in SAME_COST:
+            continue
         directory = runs / variant / "without-toxigen"
         reward = load_reward(str(directory))
         terms = [SteeringTerm(reward, -20.0)]
@@ -80,6 +85,9 @@ def measure_cost(runs: Path, table: dict, steps: int, repeats: int) -> None:
             row["cost"][f"k{k}"] = {"ms_per_step": round(ms, 2), "plain_ms": round(plain[k], 2),
                                     "rad_over_plain": round(ms / plain[k], 2)}
             print(f"{variant}: k={k} {ms:.1f} ms/step ({ms / plain[k]:.2f}x plain)", flush=True)
+    for variant, same in SAME_COST.items():
+        if variant in table and "cost" in table.get(same, {}):
+            table[variant]["cost"] = table[same]["cost"]
 
 
 def main() -> None:
@@ -95,7 +103,17 @@ def main() -> None:
         measure_cost(args.runs, table, args.steps, args.repeats)
     from steerkit.files import atomic_write_text
 
-    report = {"load_average": os.getloadavg(), "folds": FOLDS, "variants": table}
+    previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    if not args.cost:  # keep the costs an earlier --cost run measured
+        for variant, row in table.items():
+            cost = previous.get("variants", {}).get(variant, {}).get("cost")
+            if cost:
+                row["cost"] = cost
+        for variant, same in SAME_COST.items():
+            if variant in table and "cost" not in table[variant] and "cost" in table.get(same, {}):
+                table[variant]["cost"] = table[same]["cost"]
+    report = {"load_average": previous.get("load_average") if not args.cost else os.getloadavg(), "folds": FOLDS,
+              "variants": table}
     atomic_write_text(args.out, json.dumps(report, indent=2))
     print(f"{'variant':8s} {'ToxiGen':>8s} {'Stormfront':>10s} {'mean':>6s}  functional (counter/negated/implicit/"
           "identity of 12)  cost k20 / k200")

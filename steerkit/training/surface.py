@@ -29,6 +29,11 @@ DENOUNCE_FRAMES = (
     'Statements like "{}" are discrimination, plain and simple, and they should be called out.',
     'I reported a post that said "{}" because it attacked people for who they are.',
     'No, "{}" is not just an opinion. It is hate speech, and it has real victims.',
+    # reported speech, no quotation marks: counter-speech often paraphrases what it rejects
+    'The idea that {} is a racist myth, and repeating it only spreads prejudice.',
+    'Anyone who tells you that {} is pushing bigotry on you. Do not believe it.',
+    'My teacher explained why claims like {} are harmful stereotypes with no basis in fact.',
+    'When my coworker said {}, the whole team told him that kind of talk is discriminatory.',
 )
 
 _CLITICS = re.compile(r"(?i)(\w)('s|'re|'ve|'ll|'d|'m|n't)\b")
@@ -92,11 +97,15 @@ def obfuscate(text: str, lexicon: set[str], key: str) -> str:
 
 
 def denounce(text: str, key: str) -> str:
-    """``text`` quoted inside one counter-speech frame (chosen by ``key``)."""
+    """``text`` inside one counter-speech frame (chosen by ``key``): quoted, or reported without quotation marks
+    (then with a lower-case first letter, as a clause)."""
     quoted = _SPACES.sub(" ", text.replace('"', "'")).strip().rstrip(".!?;: ")
     if not quoted:
         return text
-    return DENOUNCE_FRAMES[int(unit(f"{key}:frame") * len(DENOUNCE_FRAMES))].format(quoted)
+    frame = DENOUNCE_FRAMES[int(unit(f"{key}:frame") * len(DENOUNCE_FRAMES))]
+    if '"{}"' not in frame and not quoted[:2].isupper():  # a clause, unless it starts with an acronym ("US ...")
+        quoted = quoted[0].lower() + quoted[1:]
+    return frame.format(quoted)
 
 
 def apply_transforms(text: str, transforms: list[str], lexicon: set[str], key: str) -> str:

@@ -28,20 +28,21 @@ DATA = ROOT.parent / "shared" / "data"
 
 # minimum share of each category judged correctly at 0.5 (see the module docstring)
 FLOORS = {
-    # 0.2.0 measured 2/12, 0/12, 12/12, 1/12, 11/12, 12/12, 12/12 (the card's failure modes: implicit derogation,
-    # negated positives and counter-speech; a floor of 0 records a category the model fails today)
+    # 0.3.0 measured 8/12, 4/12, 12/12, 0/12, 10/12, 12/12, 12/12 (0.2.0: 2, 0, 12, 1, 11, 12, 12; the card's failure
+    # modes: counter-speech, negated positives; a floor of 0 records a category the model fails today)
     "toxicity": {
-        "implicit derogation": 1 / 12, "negated positive": 0.0, "spelling variants": 11 / 12, "counter-speech": 0.0,
-        "neutral identity": 10 / 12, "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
+        "implicit derogation": 7 / 12, "negated positive": 3 / 12, "spelling variants": 11 / 12, "counter-speech": 0.0,
+        "neutral identity": 9 / 12, "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
     },
     # 0.2.0 measured 12/12, 11/12, 12/12, 11/12 and 7/12 (negation is the card's failure mode)
     "sentiment": {
         "lowercased tokenized, positive": 11 / 12, "lowercased tokenized, negative": 10 / 12,
         "normal casing, positive": 11 / 12, "normal casing, negative": 10 / 12, "negation": 6 / 12,
     },
-    # token-level, 0.2.0 data recipe: measured 1/12, 0/12, 12/12, 9/12, 12/12, 12/12, 12/12
+    # token-level, 0.3.0 data recipe: measured 3/12, 0/12, 12/12, 10/12, 12/12, 12/12, 12/12 (0.2.0: 1, 0, 12, 9, 12,
+    # 12, 12)
     "toxicity-token": {
-        "implicit derogation": 0.0, "negated positive": 0.0, "spelling variants": 11 / 12, "counter-speech": 8 / 12,
+        "implicit derogation": 2 / 12, "negated positive": 0.0, "spelling variants": 11 / 12, "counter-speech": 9 / 12,
         "neutral identity": 11 / 12, "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
     },
     # token-level, distilled from `toxicity` (a steering reward, weaker on text): measured 0/12, 0/12, 12/12, 3/12,
@@ -99,9 +100,9 @@ def _card_metrics(name: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent: the held-out test sets live there")
 @pytest.mark.parametrize("name, eval_set, metric, target", [
-    ("toxicity", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),
+    ("toxicity", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),  # 0.3.0: measured 0.980
     ("sentiment", "SST-2 test", "accuracy", 0.87),
-    ("toxicity-token", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.96),  # 4 layers; measured 0.967
+    ("toxicity-token", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.96),  # 4 layers; 0.3.0 measured 0.968
     ("sentiment-token", "SST-2 test", "accuracy", 0.81),  # 4 layers, 1600 steps; measured 0.821
     ("toxicity-token-distilled", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.93),  # measured 0.936
 ])
@@ -111,8 +112,12 @@ def test_card_headline_figures_recompute(name, eval_set, metric, target):
 
     plugin, _, _, train_config = SHIPPED[name]
     config = TrainConfig.from_file(ROOT / "plugins" / plugin / train_config)
+    # only the eval set is measured (no dev split), so training sources that are not in ../shared/data (0.3.0's
+    # hate-speech files, written by a conversion script) are not needed
+    root = config.resolved_data_root()
     config = config.model_copy(update={"eval": [s for s in config.eval if s.metrics_name == eval_set],
-                                       "dev_fraction": 0.0})
+                                       "dev_fraction": 0.0,
+                                       "data": [s for s in config.data if s.resolve(root).is_file()]})
     measured = assess(config, config.output_dir)["eval"][eval_set][metric]
     claimed = _card_metrics(name)["eval"][eval_set][metric]
     assert measured == pytest.approx(claimed, abs=1e-4)

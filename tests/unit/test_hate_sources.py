@@ -1,5 +1,5 @@
 """Issue 26's hate-speech training sources: the conversion script's parsing (tiny data built here), the
-candidate config `plugins/steerkit-toxicity/train_0.3.0.yaml` (its new sources, licences, and the
+training config `plugins/steerkit-toxicity/train.yaml` (0.3.0: its new sources, licences, and the
 leave-one-source-out fold over them), and, where ../shared/data has the converted files, that they read as the
 data README says and share nothing with the functional cases."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -17,14 +18,18 @@ from steerkit.training.data import normalise
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "plugins" / "steerkit-toxicity"
-CONFIG = PLUGIN / "train_0.3.0.yaml"
+CONFIG = PLUGIN / "train.yaml"
 NEW_GROUPS = ["ToxiGen statements", "Stormfront"]
-NEW_FILES = [SHARED_DATA / "toxicity" / "toxigen_human_statements" / "statements.csv",
-             SHARED_DATA / "toxicity" / "stormfront_hate_speech" / "train.csv",
-             SHARED_DATA / "toxicity" / "stormfront_hate_speech" / "test.csv"]
+#: where the converted files are: $STEERKIT_DATA_ROOT (a data root with them, as train.yaml's --data-root), else
+#: ../shared/data
+DATA = Path(os.environ["STEERKIT_DATA_ROOT"]) if os.environ.get("STEERKIT_DATA_ROOT") else SHARED_DATA
+NEW_FILES = [DATA / "toxicity" / "toxigen_human_statements" / "statements.csv",
+             DATA / "toxicity" / "stormfront_hate_speech" / "train.csv",
+             DATA / "toxicity" / "stormfront_hate_speech" / "test.csv"]
 requires_hate_data = pytest.mark.skipif(
     not all(p.is_file() for p in NEW_FILES),
-    reason=f"the converted hate-speech files are not under {SHARED_DATA / 'toxicity'} "
+    reason=f"the converted hate-speech files are not under {DATA / 'toxicity'} (set STEERKIT_DATA_ROOT to a data root "
+           "that has them) "
            "(plugins/steerkit-toxicity/data/convert_hate_sources.py writes them)")
 
 
@@ -106,7 +111,7 @@ def test_each_new_source_can_be_held_out_whole(group):
 
 @requires_hate_data
 def test_the_converted_files_read_with_the_documented_counts():
-    config = TrainConfig.from_file(CONFIG, overrides={"data_root": str(SHARED_DATA)})
+    config = TrainConfig.from_file(CONFIG, overrides={"data_root": str(DATA)})
     dataset = config.read_dataset()
     by_name = {st.name: st for st in dataset.stats}
     assert by_name["ToxiGen statements"].rows == 688
@@ -124,7 +129,7 @@ def test_the_new_sources_share_no_text_with_the_functional_cases():
              for line in (ROOT / "tests" / "functional" / name).read_text(encoding="utf-8").splitlines()
              if line.strip()]
     functional = {normalise(c["text"]) for c in cases}
-    config = TrainConfig.from_file(CONFIG, overrides={"data_root": str(SHARED_DATA), "eval": []})
+    config = TrainConfig.from_file(CONFIG, overrides={"data_root": str(DATA), "eval": []})
     dataset = config.read_dataset()
     new = {normalise(e.text) for e in dataset.train + dataset.dev
            if dataset.sources[e.source].metrics_name in NEW_GROUPS}

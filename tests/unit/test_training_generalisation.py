@@ -94,9 +94,10 @@ def test_denounce_quotes_positive_rows_in_counter_speech_with_the_views_label():
         base = originals[(ex.source, ex.line)]
         assert base.label >= 0.5
         inner = base.text.replace('"', "'").strip().rstrip(".!?;: ")
-        frame = next(f for f in DENOUNCE_FRAMES if ex.text == f.format(inner))
+        clause = inner[0].lower() + inner[1:] if not inner[:2].isupper() else inner
+        frame = next(f for f in DENOUNCE_FRAMES if ex.text in (f.format(inner), f.format(clause)))
         frames.add(frame)
-    assert len(frames) >= 4  # the frame varies with the row
+    assert len(frames) >= 6  # the frame varies with the row
     assert denounce('He said "x" loudly.', "k") == denounce('He said "x" loudly.', "k")  # a pure function of the key
     assert "\"x\"" not in denounce('He said "x" loudly.', "k")  # inner quotes cannot close the frame's quote
 
