@@ -11,7 +11,7 @@ transformers engine, and a seed draws from the same random stream.
 Rows hold sequence ids ("slots"). A prompt prefilled alone takes a free slot; a prefill that never joins the batch
 (a failed or cancelled row) gives its slot back when it is dropped. The context is sized for the rows and tokens
 asked of it (:meth:`LlamaCppLM.ensure`): ``slots`` sequences of ``tokens_per_slot`` cells each, in separate KV
-streams, so one row can never run another out of cache.
+streams, so that one row can never run another out of cache and a row's logits do not depend on the others.
 """
 
 from __future__ import annotations
@@ -121,7 +121,10 @@ class LlamaCppLM:
             params.n_seq_max = slots
             params.n_batch = params.n_ubatch = 512
             params.n_threads = params.n_threads_batch = self.threads
-            params.kv_unified = False  # one KV stream per sequence: a row owns its tokens' cells
+            # one KV stream per row: a row's logits do not depend on the other rows (a batch equals each row alone, tested).
+            # A unified cache was 17% faster at batch 8 (8.1 -> 6.7 ms a token) but changed rows' logits slightly
+            # with the batch (other rows' masked cells in the attention), and greedy texts parted at near ties.
+            params.kv_unified = False
             params.flash_attn_type = FLASH_ATTENTION
             params.no_perf = True
             ctx = lib.llama_init_from_model(self.model, params)
