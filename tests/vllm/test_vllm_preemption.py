@@ -60,7 +60,9 @@ def preemptions(llm) -> float:
 def generate(llm, prompts, steering):
     from vllm import SamplingParams
 
-    sampling = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS, extra_args=x) for x in steering]
+    # every request runs its MAX_TOKENS (no end-of-sequence stop): how much cache the rows need, and so which request
+    # vLLM preempts, must not depend on when a reward model's text happens to end
+    sampling = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS, extra_args=x, ignore_eos=True) for x in steering]
     return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, sampling, use_tqdm=False)]
 
 
@@ -78,5 +80,5 @@ def test_preempted_steered_requests_resume_token_identical(small_cache_llm):
             assert tokens == generate(llm, [prompt], [None])[0], prompt
         else:
             out = steerkit.generate([prompt], rewards=rewards, k=STEERING[PROMPTS.index(prompt)]["k"],
-                                    do_sample=False, max_new_tokens=MAX_TOKENS)
+                                    do_sample=False, max_new_tokens=MAX_TOKENS, eos_token_id=[])
             assert tokens == out.sequences[0, :out.num_new_tokens[0]].tolist(), prompt
