@@ -10,18 +10,17 @@ gather and dot products as in torch (:func:`~steerkit.rewards.token.model.candid
 
 from __future__ import annotations
 
-import functools
 import weakref
 
 import torch
 
-from ..token.model import TokenRewardModel, candidate_logits, realized_logits, textless_ids
+from ..token.model import TokenRewardModel, TokenVocabulary, candidate_logits, realized_logits
 from ..token.session import TokenSession
 from .model import _LlamaCppModelBase
 from .runtime import LlamaCppRewardError
 
 
-class LlamaCppTokenModel(_LlamaCppModelBase):
+class LlamaCppTokenModel(TokenVocabulary, _LlamaCppModelBase):
     """A token-level reward model whose backbone runs in llama.cpp."""
 
     kind = "token"
@@ -40,13 +39,6 @@ class LlamaCppTokenModel(_LlamaCppModelBase):
     def session_class(self):
         return LlamaCppTokenSession
 
-    @property
-    def vocab_rows(self) -> int:
-        return int(self.output_embeddings.shape[0])
-
-    @functools.cached_property
-    def textless_ids(self) -> torch.Tensor | None:
-        return textless_ids(self.tokenizer)
 
     def output(self, logits: torch.Tensor) -> torch.Tensor:
         return self.torch_model.output(logits)

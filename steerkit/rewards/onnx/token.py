@@ -23,7 +23,6 @@ drives; parity with torch is checked at export (≤ 1e-4 on probes) and tested.
 
 from __future__ import annotations
 
-import functools
 import shutil
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from .export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against_torc
                           _write_graph, _write_manifest_and_publish, cache_entry, model_content_hash, reward_dir_hash)
 from .manifest import (DATA_FILE, MANIFEST_NAME, MODEL_FILE, TOKENIZER_DIR, input_names, is_export_dir,
                             output_names, verify_export)
-from ..token.model import TokenRewardModel, realized_logits, textless_ids
+from ..token.model import TokenRewardModel, TokenVocabulary, realized_logits
 
 EMBEDDINGS_FILE = "embeddings.safetensors"
 
@@ -112,7 +111,7 @@ def token_export_source(reference: str) -> tuple[TokenRewardModel, str, dict]:
             {**provenance, "directory": str(path.resolve())})
 
 
-class OnnxTokenModel:
+class OnnxTokenModel(TokenVocabulary):
     """A verified token-level ONNX export run by onnxruntime, with the runner interface of
     :class:`~steerkit.rewards.token.model.TokenRewardModel` (``run``, ``empty_past``, ``output_embeddings``,
     ``output``, ``encode``, ``score_texts``). Loading needs neither torch weights nor the backbone."""
@@ -146,14 +145,6 @@ class OnnxTokenModel:
     def __repr__(self) -> str:
         return f"OnnxTokenModel({self.config.name!r}, {self.directory}, layers={self.config.num_layers})"
 
-    @property
-    def vocab_rows(self) -> int:
-        return int(self.output_embeddings.shape[0])
-
-    @functools.cached_property
-    def textless_ids(self) -> torch.Tensor | None:
-        """The ids of the tokens that add no text (:func:`~steerkit.rewards.token.model.textless_ids`)."""
-        return textless_ids(self.tokenizer)
 
     def empty_past(self, batch: int) -> list[torch.Tensor]:
         return [t.cpu() for t in self.runtime.empty_past(batch)]

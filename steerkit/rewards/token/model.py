@@ -147,7 +147,21 @@ class TokenHead(nn.Module):
         nn.init.zeros_(self.bias)
 
 
-class TokenRewardModel(RewardModel):
+class TokenVocabulary:
+    """What the token session reads of any token-level runner (torch, ONNX, llama.cpp) that has
+    ``output_embeddings`` [V, d] and ``tokenizer``: the rows it can score and the ids that add no text."""
+
+    @property
+    def vocab_rows(self) -> int:
+        return int(self.output_embeddings.shape[0])
+
+    @functools.cached_property
+    def textless_ids(self) -> torch.Tensor | None:
+        """The ids of the tokens that add no text (:func:`textless_ids`)."""
+        return textless_ids(self.tokenizer)
+
+
+class TokenRewardModel(TokenVocabulary, RewardModel):
     r"""A token-level reward model: (the first blocks of) a causal LM plus a :class:`TokenHead` over its frozen
     output embeddings. Saved and loaded like any reward-model directory (``kind: "token"`` in its config).
 
@@ -206,15 +220,6 @@ class TokenRewardModel(RewardModel):
 
     def _init_head(self) -> None:
         self.head.reset()
-
-    @property
-    def vocab_rows(self) -> int:
-        return int(self.output_embeddings.shape[0])
-
-    @functools.cached_property
-    def textless_ids(self) -> torch.Tensor | None:
-        """The ids of the tokens that add no text (:func:`textless_ids`)."""
-        return textless_ids(self.tokenizer)
 
     # -- forward ------------------------------------------------------------------------------
     def project(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
