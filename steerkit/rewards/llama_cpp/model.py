@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ...errors import ExportError
-from ..model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel, refuse_empty_rows
+from ..model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel, score_from_scratch
 from .export import check_precision, ensure_gguf, geometry, llama_backbone
 from .runtime import LlamaCppRewardError, LlamaCppRuntime
 
@@ -136,17 +136,10 @@ class LlamaCppRewardModel(_LlamaCppModelBase):
     @torch.no_grad()
     def score_texts(self, texts: list[str], batch_size: int = 32, per_prefix: bool = False):
         """Reward of each text (from scratch), and with ``per_prefix`` of every prefix (as RewardModel's)."""
-        finals, prefixes = [], []
-        skip = len(self.config.start_ids)
-        for i in range(0, len(texts), batch_size):
-            enc = self.encode(texts[i:i + batch_size], first_index=i)
-            refuse_empty_rows(self.config, enc["attention_mask"], first_index=i)
-            mask = enc["attention_mask"].bool()
-            rewards = self.rewards(self.hidden_of_texts(enc["input_ids"], mask))
-            finals.extend(rewards[:, -1].tolist())
-            if per_prefix:
-                prefixes.extend(r[m][skip:].tolist() for r, m in zip(rewards, mask))
-        return (finals, prefixes) if per_prefix else finals
+        def rewards(ids, _positions, _mask4d, mask):
+            return self.rewards(self.hidden_of_texts(ids, mask))
+
+        return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards, config=self.config)
 
 
 _FROM_TORCH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

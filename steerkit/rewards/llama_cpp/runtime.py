@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ...errors import SteerkitError
-from ...llama_cpp_lib import load as load_lib
+from ...llama_cpp_lib import Batch, load as load_lib
 
 #: tokens per llama_decode call at most (longer batches are split, in order)
 BATCH_TOKENS = 2048
@@ -74,8 +74,7 @@ class LlamaCppRuntime:
         self._released: list[int] = []
         self._live: set[int] = set()
         self._make_context(int(cells or os.environ.get("STEERKIT_LLAMA_CPP_CELLS", 0) or DEFAULT_CELLS))
-        self._batch = lib.llama_batch_init(BATCH_TOKENS, self.hidden, 1)
-        weakref.finalize(self, lib.llama_batch_free, self._batch)
+        self._batch = Batch(lib, BATCH_TOKENS, self.hidden)
 
     def __repr__(self) -> str:
         return f"LlamaCppRuntime({self.path!r}, cells={self.cells}, sequences={self.sequences})"
@@ -162,19 +161,12 @@ class LlamaCppRuntime:
         return results[0] if len(results) == 1 else np.concatenate(results)
 
     def _decode_chunk(self, embeddings, positions, seqs, outputs):
-        lib, batch, n = self.lib, self._batch, len(positions)
-        x = np.ascontiguousarray(embeddings, dtype=np.float32)
-        ctypes.memmove(batch.embd, x.ctypes.data, x.nbytes)
-        batch.n_tokens = n
-        for i in range(n):
-            batch.pos[i] = positions[i]
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = seqs[i]
-            batch.logits[i] = 1 if outputs[i] else 0
+        lib, batch = self.lib, self._batch.batch
+        n = self._batch.fill(positions, seqs, outputs, embeddings=embeddings)
         code = lib.llama_decode(self.ctx, batch)
         if code == 1:  # no room in the KV cache: grow and run again
             self._grow(self.cells + n)
-            ctypes.memmove(batch.embd, x.ctypes.data, x.nbytes)
+            self._batch.fill(positions, seqs, outputs, embeddings=embeddings)  # llama_decode may have used the buffers
             code = lib.llama_decode(self.ctx, batch)
         if code != 0:
             raise LlamaCppRewardError(f"llama_decode of the reward backbone failed with code {code} for {n} tokens.")

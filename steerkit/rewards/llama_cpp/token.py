@@ -14,6 +14,7 @@ import weakref
 
 import torch
 
+from ..model import score_from_scratch
 from ..token.model import TokenRewardModel, TokenVocabulary, candidate_logits, realized_logits
 from ..token.session import TokenSession
 from .model import _LlamaCppModelBase
@@ -50,21 +51,13 @@ class LlamaCppTokenModel(TokenVocabulary, _LlamaCppModelBase):
 
     @torch.no_grad()
     def score_texts(self, texts: list[str], batch_size: int = 32, per_prefix: bool = False):
-        from ..model import refuse_empty_rows
-
-        finals, prefixes = [], []
-        skip = len(self.config.start_ids)
-        for i in range(0, len(texts), batch_size):
-            enc = self.encode(texts[i:i + batch_size], first_index=i)
-            refuse_empty_rows(self.config, enc["attention_mask"], first_index=i)
-            ids, mask = enc["input_ids"], enc["attention_mask"]
+        """Reward of each text (from scratch), and with ``per_prefix`` of every prefix."""
+        def rewards(ids, _positions, _mask4d, mask):
             query, offset = self.project(self.hidden_of_texts(ids, mask))
-            rewards = self.output(realized_logits(query, offset, self.output_embeddings, ids, mask.long(),
-                                                  self.textless_ids))
-            finals.extend(rewards[:, -1].tolist())
-            if per_prefix:
-                prefixes.extend(r[m.bool()][skip:].tolist() for r, m in zip(rewards, mask))
-        return (finals, prefixes) if per_prefix else finals
+            return self.output(realized_logits(query, offset, self.output_embeddings, ids, mask.long(),
+                                               self.textless_ids))
+
+        return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards, config=self.config)
 
 
 class LlamaCppTokenSession(TokenSession):

@@ -32,9 +32,9 @@ import numpy as np
 import torch
 
 from ...errors import ExportError
-from ..attention import additive, append_mask_4d
+from ..attention import additive
 from ..cache import SharedPrefixCache, left_pad_kv, pick_columns
-from ..model import CONFIG_NAME, RewardModel, RewardModelConfig, refuse_empty_rows
+from ..model import CONFIG_NAME, RewardModel, score_from_scratch
 from .export import INSTALL_HINT, ensure_cached_export, model_content_hash, reward_dir_hash
 from .manifest import MODEL_FILE, is_export_dir, verify_export
 from .quantize import PRECISION_FP32, PRECISION_INT8, ensure_int8_export, export_precision
@@ -264,30 +264,6 @@ class OnnxScoringCache(SharedPrefixCache):
     def _join_rows(self, other: "OnnxScoringCache", pad_self: int, pad_other: int) -> None:
         self.past = [torch.cat([left_pad_kv(a, pad_self), left_pad_kv(b.to(a.device), pad_other)])
                      for a, b in zip(self.past, other.past)]
-
-
-def score_from_scratch(encode, texts: list[str], batch_size: int, per_prefix: bool, rewards, *,
-                       config: RewardModelConfig):
-    """``score_texts`` of an ONNX reward model: one prefill per batch of ``batch_size`` texts, zero-length past.
-
-    ``encode(texts)`` gives ``input_ids`` and ``attention_mask`` [B, n]; ``rewards(ids, positions, mask4d, mask)``
-    gives the reward at every position [B, n] (``mask4d`` the additive 4D mask, ``mask`` the bool [B, n] one).
-    Returns the final reward of each text, and with ``per_prefix`` also each text's prefix rewards (those after
-    the start token, where ``config`` has one).
-    """
-    finals, prefixes = [], []
-    skip = len(config.start_ids)
-    for i in range(0, len(texts), batch_size):
-        enc = encode(texts[i:i + batch_size])
-        refuse_empty_rows(config, enc["attention_mask"], first_index=i)
-        mask = enc["attention_mask"].bool()
-        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-        allowed = append_mask_4d(torch.zeros((mask.shape[0], 0), dtype=torch.bool), mask)
-        batch_rewards = rewards(enc["input_ids"], positions, additive(allowed), mask)
-        finals.extend(batch_rewards[:, -1].tolist())
-        if per_prefix:
-            prefixes.extend(r[m][skip:].tolist() for r, m in zip(batch_rewards, mask))
-    return (finals, prefixes) if per_prefix else finals
 
 
 def with_precision(export_dir: Path, precision: str) -> Path:

@@ -31,7 +31,8 @@ import torch
 
 from ...errors import ExportError
 from ..model import OUTPUT_FUNCTIONS, RewardModel
-from .backend import OnnxRuntime, load_export, score_from_scratch
+from ..model import score_from_scratch
+from .backend import OnnxRuntime, load_export
 from .export import (DEFAULT_OPSET, EXTERNAL_DATA_THRESHOLD, _check_against_torch, _check_out_dir,
                           _dynamic_axes, _export_into_cache, _ExportWrapper, _make_tmp_dir, _manifest, _require,
                           _write_graph, _write_manifest_and_publish, cache_entry, model_content_hash, reward_dir_hash)
