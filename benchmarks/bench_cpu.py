@@ -8,8 +8,10 @@
 * **steerkit's engine core with llama.cpp as the LM** (``engine="llama.cpp"``, Q4_1): plain, ``toxicity-token``,
   ``toxicity`` with the rewards in torch, in onnxruntime at int8 (``backend="onnx-int8"``) and in llama.cpp at Q8_0
   (``backend="llama.cpp-q8"``); batch 1 and 8.
-* **steerkit's own engine** (``engine="steerkit"``, transformers, eager, F32: the same file dequantized): the same
-  rows. A compiled step and int8 weights (issue 25, item 3) are not built: the JSON lists them as such.
+* **steerkit's own engine** (``engine="steerkit"``, transformers, F32: the same file dequantized; and its weight-only
+  int8 copy, ``dtype="int8"``), eager and on the compiled static-shape step (``compile=True``): the same rows. The
+  compiled rows' warm-up run compiles each shape (or loads it from inductor's disk cache); the JSON records how
+  long that took, and how many greedy texts each compiled row shares with its eager row.
 
 Rewards: β = −20, k = 20. Every row runs once untimed first (loads, first forwards). For each row: ms per token
 (wall time over generated tokens; at batch 8 tokens of all rows), the ratio to the same engine plain, the weight
@@ -75,13 +77,14 @@ def llama_own_loop(llm, tokenizer, rewards, tokens: int, prompts) -> tuple[float
     return time.perf_counter() - start, count, texts
 
 
-def engine_run(lm, rewards, tokens: int, prompts, batch: int, backend: str = "auto") -> tuple[float, int, list[str]]:
+def engine_run(lm, rewards, tokens: int, prompts, batch: int, backend: str = "auto",
+               **options) -> tuple[float, int, list[str]]:
     import steerkit
 
     count, texts, start = 0, [], time.perf_counter()
     for lo in range(0, len(prompts), batch):
         out = steerkit.generate(prompts[lo:lo + batch], lm=lm, rewards=rewards, k=20, max_new_tokens=tokens,
-                                do_sample=False, backend=backend)
+                                do_sample=False, backend=backend, **options)
         texts += out.texts
         count += sum(out.num_new_tokens)
     return time.perf_counter() - start, count, texts
@@ -126,6 +129,7 @@ def main() -> None:
     import torch
 
     from steerkit.engine.llama_cpp_lm import LlamaCppLM
+    from steerkit.engine.lm_int8 import as_int8
     from steerkit.integrations.gguf_files import convert_gguf
     from steerkit.models import load_causal_lm_cached, load_tokenizer, resolve
     from steerkit.threads import set_threads
@@ -144,17 +148,22 @@ def main() -> None:
     weights_f32 = sum(p.numel() * 4 for p in hf[0].parameters())  # tied embeddings counted once
     sizes = {name: path.stat().st_size for name, path in files.items()}
     sizes["F32 (transformers)"] = weights_f32
+    sizes["int8 (transformers)"] = sum(  # int8 linear weights + a float32 scale per row; the rest float32
+        b.numel() * b.element_size() for b in as_int8(hf[0]).buffers() if b is not None) + sum(
+        p.numel() * 4 for p in as_int8(hf[0]).parameters())
     few = PROMPTS[:args.prompts]
     rows = []
 
     def record(engine, weights, steering, batch, run):
-        run()  # warm up (loads, first forwards); then timed
+        warm = time.perf_counter()
+        run()  # warm up (loads, first forwards, compiling); then timed
+        warm = time.perf_counter() - warm
         seconds, count, texts = run()
         ms = seconds * 1000 / count
         floor = sizes[weights] / bandwidth * 1000 / batch
         rows.append({"engine": engine, "weights": weights, "steering": steering, "batch": batch,
                      "ms_per_token": round(ms, 2), "floor_ms": round(floor, 2), "over_floor": round(ms / floor, 2),
-                     "tokens": count, "texts": texts})
+                     "tokens": count, "texts": texts, "warm_up_s": round(warm, 1)})
         print(f"{engine:22s} {weights:18s} {steering:30s} batch {batch}: {ms:7.2f} ms/token "
               f"(floor {floor:.2f})", flush=True)
 
@@ -175,16 +184,30 @@ def main() -> None:
             for backend in REWARD_BACKENDS if rewards else ():  # the reward models at reduced precision too
                 record("steerkit + llama.cpp", "Q4_1", f"{steering} ({backend})", batch,
                        lambda: engine_run(llama_lm, rewards, args.tokens, prompts, batch, backend))
-            record("steerkit (eager)", "F32 (transformers)", steering, batch,
-                   lambda: engine_run(hf, rewards, args.tokens, prompts, batch))
+            for compiled in (False, True):
+                for dtype in ("float32", "int8"):
+                    weights = "F32 (transformers)" if dtype == "float32" else "int8 (transformers)"
+                    record("steerkit (compiled)" if compiled else "steerkit (eager)", weights, steering, batch,
+                           lambda: engine_run(hf, rewards, args.tokens, prompts, batch, compile=compiled,
+                                              dtype=dtype))
     for row in rows:
         plain = next((r for r in rows if r["engine"] == row["engine"] and r["weights"] == row["weights"]
                       and r["batch"] == row["batch"] and r["steering"] == "plain"), None)
         row["vs_plain"] = round(row["ms_per_token"] / plain["ms_per_token"], 2) if plain else None
     base = next(r for r in rows if r["engine"] == "llama.cpp (own loop)" and r["weights"] == "Q4_1"
                 and r["steering"] == "plain")
+    same_precision = {"F32 (transformers)": "F32", "int8 (transformers)": "Q8_0"}
     for row in rows:
         row["vs_llama_cpp_q4_plain"] = round(row["ms_per_token"] / base["ms_per_token"], 2)
+        if row["weights"] in same_precision:  # steerkit's engine against llama.cpp plain at the same precision
+            ref = next(r for r in rows if r["engine"] == "llama.cpp (own loop)" and r["steering"] == "plain"
+                       and r["weights"] == same_precision[row["weights"]])
+            row["vs_llama_cpp_same_precision_plain"] = round(row["ms_per_token"] / ref["ms_per_token"], 2)
+    for row in rows:  # greedy texts a compiled row shares with the same eager row
+        if row["engine"] == "steerkit (compiled)":
+            eager = next(r for r in rows if r["engine"] == "steerkit (eager)" and r["weights"] == row["weights"]
+                         and r["steering"] == row["steering"] and r["batch"] == row["batch"])
+            row["same_texts_as_eager"] = f"{sum(a == b for a, b in zip(row['texts'], eager['texts']))}/{len(row['texts'])}"
     agree = {"Q4_1": agreement(hf, llama_lm, PROMPTS, args.tokens),
              "F32": agreement(hf, (LlamaCppLM(str(files["F32"]), threads=1), tokenizer), PROMPTS, args.tokens)}
     report = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_before": load_before,
@@ -192,12 +215,14 @@ def main() -> None:
                           "torch": torch.__version__, "read_bandwidth_gb_s": round(bandwidth / 1e9, 2)},
               "tokens": args.tokens, "weight_bytes": sizes, "rows": rows,
               "agreement_toxicity_token_greedy": agree,
-              "not_built": ["steerkit compiled step (torch.compile, static caches)", "steerkit int8 LM weights"]}
+              "not_built": ["static-shape, compiled reward sessions (the compiled step is the LM's; rewards run as in "
+                            "the eager engine)"]}
     atomic_write_text(args.out, json.dumps(report, indent=2, ensure_ascii=False))
     for row in rows:
         print(f"{row['engine']:22s} {row['weights']:18s} {row['steering']:15s} b{row['batch']} "
               f"{row['ms_per_token']:7.2f} ms/token  {row['vs_plain']}x plain  {row['vs_llama_cpp_q4_plain']}x "
-              f"llama.cpp Q4_1 plain  floor {row['floor_ms']}")
+              f"llama.cpp Q4_1 plain  {row.get('vs_llama_cpp_same_precision_plain', '-')}x llama.cpp same precision  "
+              f"floor {row['floor_ms']}  {row.get('same_texts_as_eager', '')}")
     for name, a in agree.items():
         print(f"agreement with steerkit's engine, {name}: {a}")
     for path in files.values():

@@ -41,19 +41,21 @@ class Assembled:
 
 def assemble(lm="smollm2-135m-instruct", rewards=None, *, k: int = 20, backend: str = "auto",
              device: str | None = None, load: Callable | None = None, defaults: dict | None = None,
-             engine: str = "steerkit") -> Assembled:
+             engine: str = "steerkit", compile: bool = False, dtype: str = "float32") -> Assembled:
     """Set up steering: ``lm`` is a model reference (packaged name, directory, .gguf file, hub id) or a
     ``(model, tokenizer)`` pair; ``rewards`` any form :func:`steerkit.params.parse_rewards` reads; ``load``
     (``load(reference, context)``) finds rewards by reference (default: the registry and reward-model
     directories, for ``backend``; ``"auto"``: an ONNX export runs on ``onnx``, anything else on ``torch``).
     ``engine="llama.cpp"`` runs the LM (a packaged model or a .gguf file) in llama.cpp, on the CPU; the step,
-    the rewards and sampling are the same engine core's."""
+    the rewards and sampling are the same engine core's. ``compile=True`` runs steerkit's engine with the
+    static-shape step compiled by ``torch.compile`` (:mod:`steerkit.engine.static_lm`); ``dtype="int8"`` stores the
+    LM's linear weights in int8 (:mod:`steerkit.engine.lm_int8`)."""
     from .devices import place, resolve_device
     from .params import parse_rewards, resolve_terms
     from .terms import reference_loader
-    from .validators import validate_engine
+    from .validators import validate_lm_options
 
-    validate_engine(engine)
+    validate_lm_options(engine, compile, dtype)
     if device is not None:
         device = resolve_device(device)  # a bad or absent device fails before the slow loads
         if engine == "llama.cpp" and device != "cpu":
@@ -65,7 +67,21 @@ def assemble(lm="smollm2-135m-instruct", rewards=None, *, k: int = 20, backend: 
     model, tokenizer = lm if isinstance(lm, tuple) else load_lm(str(lm), engine)
     if device is not None:
         model = place(model, terms, device)
-    return Assembled(model, tokenizer, terms, k, device, dict(defaults or {}))
+    return Assembled(lm_runner(model, compile=compile, dtype=dtype), tokenizer, terms, k, device, dict(defaults or {}))
+
+
+def lm_runner(model, *, compile: bool = False, dtype: str = "float32"):
+    """The LM as steerkit's engine runs it: ``model``; its int8 copy (``dtype="int8"``); wrapped for the compiled
+    static-shape step (``compile=True``)."""
+    if dtype == "int8":
+        from .engine.lm_int8 import as_int8
+
+        model = as_int8(model)
+    if compile:
+        from .engine.static_lm import StaticLM
+
+        model = StaticLM(model)
+    return model
 
 
 def load_lm(reference: str, engine: str = "steerkit"):
@@ -107,7 +123,8 @@ def assemble_config(config, *, load: Callable | None = None) -> Assembled:
     """Set up a :class:`~steerkit.config.SteeringConfig` (its LM, rewards, k, backend and device); its sampling
     settings become the defaults of :meth:`Assembled.generate`."""
     return assemble(config.lm, list(config.rewards), k=config.k, backend=config.backend, device=config.device,
-                    load=load, defaults=generation_settings(config), engine=config.engine)
+                    load=load, defaults=generation_settings(config), engine=config.engine, compile=config.compile,
+                    dtype=config.dtype)
 
 
 def generation_settings(config) -> dict:
@@ -118,8 +135,8 @@ def generation_settings(config) -> dict:
 
 
 def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", rewards=None, k: int = 20,
-             backend: str = "auto", device: str | None = None, engine: str = "steerkit",
-             **kwargs) -> GenerationOutput:
+             backend: str = "auto", device: str | None = None, engine: str = "steerkit", compile: bool = False,
+             dtype: str = "float32", **kwargs) -> GenerationOutput:
     """Steered generation in one call.
 
     ``lm`` is a model reference (packaged name, directory, .gguf file, hub id) or a ``(model, tokenizer)``
@@ -131,6 +148,9 @@ def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", reward
     ``return_traces``, ``batch_size`` and ``progress``. ``device`` (cpu, cuda, …) moves the LM and the
     torch reward models there; without it everything stays where it is (loaded models: on the CPU).
     ``engine="llama.cpp"`` runs a packaged or .gguf LM in llama.cpp (the ``llama-cpp`` extra; docs/llama_cpp.md)
-    with the same step, rewards and random stream.
+    with the same step, rewards and random stream. ``compile=True`` runs steerkit's engine on the static-shape step
+    compiled once per shape (the first call of a shape compiles for up to a few minutes; docs/performance.md);
+    ``dtype="int8"`` runs the LM with int8 weights.
     """
-    return assemble(lm, rewards, k=k, backend=backend, device=device, engine=engine).generate(prompts, **kwargs)
+    return assemble(lm, rewards, k=k, backend=backend, device=device, engine=engine, compile=compile,
+                    dtype=dtype).generate(prompts, **kwargs)

@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .devices import DeviceName
 from .errors import ConfigError, _first_lines, format_validation_error  # noqa: F401 (config's API)
@@ -31,6 +31,9 @@ BackendName = Annotated[str, AfterValidator(check_backend_name)]
 
 EngineName = Literal["steerkit", "llama.cpp"]
 """Which engine runs the LM (:data:`steerkit.validators.ENGINES`)."""
+
+LMDtype = Literal["float32", "int8"]
+"""The LM's weights in steerkit's engine (:data:`steerkit.validators.LM_DTYPES`)."""
 
 
 class ValidatedConfig(BaseModel):
@@ -63,7 +66,18 @@ class SteeringConfig(ValidatedConfig):
     device: DeviceName = None  # torch device for the LM and torch reward models: cpu (default), cuda, cuda:1, mps
     #: which engine runs the LM: steerkit's own (transformers), or llama.cpp on a GGUF file (docs/llama_cpp.md)
     engine: EngineName = "steerkit"
+    #: steerkit's engine on the static-shape step compiled by torch.compile (docs/performance.md, "CPU decoding")
+    compile: bool = False
+    #: the LM's weights in steerkit's engine: float32 as loaded, or weight-only int8
+    dtype: LMDtype = "float32"
     prompts: list[str] = []
+
+    @model_validator(mode="after")
+    def _lm_options(self):
+        from .validators import validate_lm_options
+
+        validate_lm_options(self.engine, self.compile, self.dtype)
+        return self
 
     @field_validator("temperature")
     @classmethod

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import inspect
 
-__all__ = ["cache_kwargs", "cache_argument", "output_cache"]
+__all__ = ["cache_kwargs", "cache_argument", "output_cache", "static_cache", "set_static_write_column"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,3 +70,37 @@ def output_cache(output):
     if "cache" in names:
         return output.cache
     return output.past_key_values
+
+
+def static_cache(model, slots: int, width: int, heads: int, head_dim: int, dtype, device, *,
+                 static_addresses: bool = True):
+    """A transformers ``StaticCache`` of ``slots`` rows × ``width`` tokens per layer, its tensors allocated now
+    (zeros), for the static-shape step (:mod:`steerkit.engine.static_lm`).
+
+    transformers marks the tensors as static addresses (for CUDA graphs). ``static_addresses=False`` takes the mark
+    off: a step compiled with frozen weights treats marked inputs like weights, folding the first cache's tensors
+    into the graph, so that a later cache of the same shape would be read and written through the old one's."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=width)
+    cache.early_initialization(slots, heads, head_dim, dtype, device)
+    if not static_addresses:
+        for layer in cache.layers:
+            for tensor in vars(layer).values():
+                if hasattr(tensor, "_dynamo_static_input_type"):
+                    del tensor._dynamo_static_input_type
+    return cache
+
+
+def set_static_write_column(cache, column: int) -> None:
+    """Make ``column`` the next one a step writes in every layer of a ``StaticCache``.
+
+    transformers before 5.2x wrote where the forward's ``cache_position`` said (which the static step passes); later
+    releases keep the write position in each layer's ``cumulative_length`` tensor, set here in place (its address is
+    what a compiled step reads)."""
+    import torch
+
+    for layer in cache.layers:
+        length = getattr(layer, "cumulative_length", None)
+        if isinstance(length, torch.Tensor):
+            length.fill_(column)

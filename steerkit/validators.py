@@ -156,3 +156,23 @@ def validate_engine(engine) -> str:
         raise InvalidArgumentError(f"engine={engine!r}: choose one of {', '.join(map(repr, ENGINES))} "
                                    "('llama.cpp' runs a GGUF file through llama-cpp-python; docs/llama_cpp.md).")
     return engine
+
+
+#: The weights steerkit's engine runs the LM in: as loaded, or weight-only int8 (:mod:`steerkit.engine.lm_int8`).
+LM_DTYPES = ("float32", "int8")
+
+
+def validate_lm_options(engine, compile, dtype) -> tuple[str, bool, str]:
+    """``engine``, ``compile`` and ``dtype`` of the LM, checked together: compile and int8 are steerkit's engine's
+    (llama.cpp runs a GGUF file at the precision it was written in)."""
+    engine = validate_engine(engine)
+    if not isinstance(compile, bool):
+        raise InvalidArgumentError(f"compile must be True or False, got {compile!r}.")
+    if dtype not in LM_DTYPES:
+        raise InvalidArgumentError(f"dtype={dtype!r}: choose one of {', '.join(map(repr, LM_DTYPES))} (the LM's "
+                                   "weights: as loaded, or weight-only int8).")
+    if engine == "llama.cpp" and (compile or dtype != "float32"):
+        raise InvalidArgumentError(
+            "compile and dtype apply to engine='steerkit'; llama.cpp runs a GGUF file at the precision it was "
+            "written in (write a Q8_0 file with steerkit.integrations.gguf_files.convert_gguf; docs/llama_cpp.md).")
+    return engine, compile, dtype

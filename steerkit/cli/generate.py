@@ -14,7 +14,7 @@ from .. import threads as _threads
 from ..errors import DataError, InvalidArgumentError
 from ..models import DEFAULT_LM
 from . import scaling as _scaling
-from .common import BACKEND_HELP, err, parse_reward_weight
+from .common import BACKEND_HELP, COMPILE_HELP, DTYPE_HELP, err, parse_reward_weight
 
 if TYPE_CHECKING:
     from ..config import SteeringConfig
@@ -46,6 +46,8 @@ def generate(
     device: Optional[str] = typer.Option(None, "--device", help="torch device: cpu, cuda, cuda:1, mps. \\[default: cpu]"),
     engine: Optional[str] = typer.Option(None, "--engine", help="What runs the LM: steerkit (transformers) or "
                                          "llama.cpp (a packaged or .gguf LM; docs/llama_cpp.md). \\[default: steerkit]"),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=COMPILE_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="SteeringConfig YAML/TOML/JSON file."),
     prompts_file: Optional[Path] = typer.Option(None, "--prompts-file", help="UTF-8 text file, one prompt per line."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1,
@@ -70,7 +72,8 @@ def generate(
 
     cfg = SteeringConfig.from_file(config) if config else SteeringConfig()
     overrides = {"lm": lm, "k": k, "num_return_sequences": n, "max_new_tokens": max_new_tokens,
-                 "temperature": temperature, "seed": seed, "backend": backend, "device": device, "engine": engine}
+                 "temperature": temperature, "seed": seed, "backend": backend, "device": device, "engine": engine,
+                 "compile": compile, "dtype": dtype}
     cfg = cfg.with_overrides({key: v for key, v in overrides.items() if v is not None})
     if greedy:
         cfg = cfg.with_overrides({"do_sample": False})
@@ -102,7 +105,8 @@ def generate(
     out = assemble_config(cfg).generate(texts, stop_strings=stop or None, return_traces=traces, batch_size=batch_size,
                        progress=not as_json)
     if as_json:
-        payload = {"lm": cfg.lm, "engine": cfg.engine, "k": cfg.k, "rewards": [r.model_dump() for r in cfg.rewards],
+        payload = {"lm": cfg.lm, "engine": cfg.engine, "compile": cfg.compile, "dtype": cfg.dtype, "k": cfg.k,
+                   "rewards": [r.model_dump() for r in cfg.rewards],
                    "seconds": out.seconds, "tokens_per_second": out.tokens_per_second,
                    "generations": out.to_records()}
         if traces and out.traces:

@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import InvalidArgumentError
-from .common import BACKEND_HELP, err, parse_reward_weight
+from .common import BACKEND_HELP, COMPILE_HELP, DTYPE_HELP, err, parse_reward_weight
 
 
 def serve(
@@ -32,6 +32,8 @@ def serve(
     backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP + " \\[default: auto]"),
     engine: Optional[str] = typer.Option(None, "--engine", help="What runs the LM: steerkit (transformers) or "
                                          "llama.cpp (a packaged or .gguf LM; docs/llama_cpp.md). \\[default: steerkit]"),
+    compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=COMPILE_HELP),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
     max_running: int = typer.Option(16, "--max-running", min=1, help="Rows decoded together at most."),
     max_queue: int = typer.Option(64, "--max-queue", min=1, help="Rows waiting at most; beyond it: HTTP 429."),
     timeout: float = typer.Option(300.0, "--timeout", min=0.0, help="Seconds a request may take from admission "
@@ -85,9 +87,9 @@ def serve(
                 "body_timeout_s": read_timeout, "stall_s": stall_timeout}
     if prefer:
         apply_preferences(prefer)
-    if config is not None or lm is not None or reward or k is not None or backend is not None or engine is not None:
+    overrides = {"lm": lm, "k": k, "backend": backend, "engine": engine, "compile": compile, "dtype": dtype}
+    if config is not None or reward or any(v is not None for v in overrides.values()):
         cfg = SteeringConfig.from_file(config) if config else SteeringConfig()
-        overrides = {"lm": lm, "k": k, "backend": backend, "engine": engine}
         cfg = cfg.with_overrides({key: v for key, v in overrides.items() if v is not None})
         if reward:
             cfg = cfg.with_rewards([parse_reward_weight(s) for s in reward])

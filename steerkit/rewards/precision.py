@@ -21,14 +21,13 @@ measured by ``benchmarks/bench_reward_precision.py`` and tabulated in docs/backe
 from __future__ import annotations
 
 import copy
-import threading
-import weakref
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
 from ..errors import RewardModelFormatError
+from ..model_copies import converted_copy
 
 BF16 = "bf16"
 #: the attribute that marks a model whose weights :func:`bf16_weights` converted
@@ -91,18 +90,10 @@ def bf16_weights(model: nn.Module) -> nn.Module:
     return model
 
 
-_lock = threading.Lock()
-_COPIES: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
-
-
 def as_bf16(model: nn.Module) -> nn.Module:
     """``model`` itself when its weights are already bf16 (what the ``torch-bf16`` backend loads), else a bf16 copy
     of it, made once per model object (the model handed in keeps its float32 weights; changes to them afterwards
     are not seen by the copy)."""
     if getattr(model, MARK, None) == BF16:
         return model
-    with _lock:
-        copied = _COPIES.get(model)
-        if copied is None:
-            copied = _COPIES[model] = bf16_weights(copy.deepcopy(model))
-    return copied
+    return converted_copy(model, BF16, lambda m: bf16_weights(copy.deepcopy(m)))

@@ -44,7 +44,7 @@ def engine_parts(config=None) -> EngineParts:
             warnings.warn(f"reward {registration.name!r} is installed but could not be loaded, so it is not served: "
                           f"{exc}", SteerkitWarning, stacklevel=2)
     _load_clashing_rewards(rewards, config.backend)
-    setup = assemble(config.lm, device=config.device, engine=config.engine)  # the LM, on the config's device
+    setup = assemble(config.lm, device=config.device, engine=config.engine, compile=config.compile, dtype=config.dtype)  # the LM, on the config's device
     model, tokenizer = setup.model, setup.tokenizer
     if config.device is not None:
         model = place(model, rewards.values(), config.device)

@@ -171,12 +171,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", (
         "steerkit.errors", "steerkit.seeds", "steerkit.files", "steerkit.threads", "steerkit.validators",
         "steerkit.hf_compat", "steerkit.hookspecs", "steerkit.plugin_conflicts", "steerkit.provenance",
-        "steerkit.registry", "steerkit.model_checks", "steerkit.llama_cpp_lib")),
+        "steerkit.registry", "steerkit.model_checks", "steerkit.llama_cpp_lib", "steerkit.model_copies")),
     ("the step", ("steerkit.engine", "steerkit.engine.step", "steerkit.engine.text")),
     ("models and rewards", ("steerkit.models", "steerkit.devices", "steerkit.rewards.*")),
     ("the engine core", (
         "steerkit.engine.core", "steerkit.engine.rows", "steerkit.engine.lm_cache", "steerkit.engine.reward_groups",
-        "steerkit.engine.llama_cpp_lm")),
+        "steerkit.engine.llama_cpp_lm", "steerkit.engine.static_lm", "steerkit.engine.lm_int8")),
     ("terms and parameters", ("steerkit.steering", "steerkit.params", "steerkit.terms", "steerkit.config")),
     ("decoding and set-up", ("steerkit", "steerkit.decoding", "steerkit.hf", "steerkit.assembly")),
     ("surfaces", ("steerkit.serving.*", "steerkit.evaluation.*", "steerkit.training.*", "steerkit.testing",
@@ -264,7 +264,7 @@ def test_the_engine_imports_no_terms_and_no_surface():
     graph = import_graph()
     found = sorted(f"{m} -> {t}" for m in graph if m.startswith("steerkit.engine") for t in graph[m]
                    if not t.startswith(("steerkit.engine", "steerkit.errors", "steerkit.hf_compat", "steerkit.rewards.base",
-                                        "steerkit.llama_cpp_lib")))
+                                        "steerkit.llama_cpp_lib", "steerkit.model_copies", "steerkit.files")))
     assert not found, found
 
 

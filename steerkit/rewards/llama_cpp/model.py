@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ...errors import ExportError
+from ...model_copies import converted_copy
 from ..model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel, score_from_scratch
 from .export import check_precision, ensure_gguf, geometry, llama_backbone
 from .runtime import LlamaCppRewardError, LlamaCppRuntime
@@ -142,18 +143,12 @@ class LlamaCppRewardModel(_LlamaCppModelBase):
         return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards, config=self.config)
 
 
-_FROM_TORCH: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def as_llama_cpp(model, cls=LlamaCppRewardModel):
     """``model`` itself when it is a llama.cpp model, else the (memoised) llama.cpp model of a torch one."""
     if isinstance(model, _LlamaCppModelBase):
         return model
     if isinstance(model, RewardModel):
-        found = _FROM_TORCH.get(model)
-        if found is None:
-            found = _FROM_TORCH[model] = cls.from_torch(model)
-        return found
+        return converted_copy(model, f"llama.cpp:{cls.__name__}", cls.from_torch)
     raise ExportError(f"backend 'llama.cpp' needs a RewardModel or a llama.cpp reward model, got {type(model).__name__}.")
 
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-import weakref
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ...errors import ExportError
+from ...model_copies import converted_copy
 from ..attention import additive
 from ..cache import SharedPrefixCache, left_pad_kv, pick_columns
 from ..model import CONFIG_NAME, RewardModel, score_from_scratch
@@ -201,10 +201,6 @@ class OnnxRewardModel:
         return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards, config=self.config)
 
 
-#: the export of each in-memory torch model handed to the backend, per precision
-_FROM_TORCH: "weakref.WeakKeyDictionary[RewardModel, dict[str, OnnxRewardModel]]" = weakref.WeakKeyDictionary()
-
-
 class OnnxScoringCache(SharedPrefixCache):
     """Incremental KV state over B rows in onnxruntime (bookkeeping: :class:`SharedPrefixCache`).
 
@@ -230,11 +226,8 @@ class OnnxScoringCache(SharedPrefixCache):
         afterwards is not seen by the memoised export (build a new model object, or use backend "torch").
         """
         if isinstance(model, RewardModel):
-            exports = _FROM_TORCH.setdefault(model, {})
-            onnx_model = exports.get(precision)
-            if onnx_model is None:
-                onnx_model = exports[precision] = OnnxRewardModel.from_torch(model, precision=precision)
-            model = onnx_model
+            model = converted_copy(model, f"onnx:{precision}",
+                                   lambda m: OnnxRewardModel.from_torch(m, precision=precision))
         elif precision != PRECISION_FP32 and isinstance(model, OnnxRewardModel) and model.precision != precision:
             raise ExportError(f"{model.directory} is an {model.precision} export; the {precision} backend needs "
                               f"its {precision} export: load the reward with that backend.")

@@ -1,0 +1,329 @@
+"""The language model's side of the engine with a static-shape decode step (``compile=True``, issue 25).
+
+:class:`LMBatch` grows its transformers ``DynamicCache`` by one column a step (``torch.cat``) and runs the model
+eagerly, op by op. :class:`StaticLMBatch` keeps the same contract (prefill, join, keep, advance, ``logits``) on
+preallocated KV tensors of a fixed shape, ``slots`` rows × ``width`` tokens, so that one decode step is a fixed
+graph per shape that ``torch.compile`` captures once:
+
+* **Layout:** as in :class:`LMBatch`, a row's tokens are the right-aligned columns ``[t - length, t)`` of the
+  cache, and a step writes column ``t`` of every row (the transformers ``StaticCache`` writes there in place).
+  The mask marks each row's columns; position ids count a row's own tokens, so padding never changes a row's
+  positions or logits.
+* **Buckets:** ``slots`` is the running rows rounded up to a power of two, ``width`` the longest row plus one,
+  rounded up to a power of two (at least :data:`MIN_WIDTH`); a bucket's padded rows read token 0 and are dropped.
+  When column ``t`` reaches the width, the columns no row uses are cropped, or the width doubles. ``generate``
+  reserves its whole length up front (:meth:`StaticLMBatch.reserve`), so its shape does not change while it runs.
+* **The step:** ``model.forward`` compiled with inductor, weights frozen as constants and every matrix product
+  autotuned between inductor's own C++ GEMM and the ATen kernel (on this AMD CPU, MKL's single-row product runs at
+  half the memory bandwidth; inductor's is near it: docs/performance.md). Compiled once per shape and process; the
+  compiled kernels and autotuning results are cached on disk (``$TORCHINDUCTOR_CACHE_DIR``, by default
+  ``<steerkit cache>/inductor``), and a line on stderr says when a shape compiles and how long it took.
+* **Prefill** runs eagerly, as :class:`LMBatch`'s does (a prompt's length varies; the step's does not), and its
+  cache is copied into the static tensors.
+
+The prefix state is exactly the eager engine's: the same model code, the same positions, masked columns
+contributing nothing. The compiled graph reorders floating-point sums, so logits differ in the last bits; greedy
+texts are compared with the eager engine's in tests/unit/test_static_lm.py and tests/integration.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import warnings
+import weakref
+
+import torch
+import torch._inductor.config
+
+from ..errors import InvalidArgumentError
+from ..hf_compat import cache_kwargs, set_static_write_column, static_cache
+from .lm_cache import LMBatch, Prefilled
+
+#: The narrowest width a static batch allocates (tokens a row may hold before the width doubles).
+MIN_WIDTH = 128
+
+#: inductor settings of the compiled step: weights folded in as constants, every matrix product autotuned
+#: between inductor's C++ GEMM template and ATen's (MKL) kernel.
+COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+
+_COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its compiled forward
+_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> shapes compiled in this process
+_LOCK = threading.Lock()
+
+
+def bucket(n: int, smallest: int = 1) -> int:
+    """``n`` rounded up to ``smallest`` times a power of two."""
+    b = max(1, int(smallest))
+    while b < n:
+        b *= 2
+    return b
+
+
+def inductor_cache_dir() -> str:
+    """Where inductor caches compiled kernels: ``$TORCHINDUCTOR_CACHE_DIR`` when the user set it, else
+    ``<steerkit cache>/inductor`` (torch writes its own default into the variable once it has read it, so that
+    default counts as unset)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not current or current == default_cache_dir():
+        from ..files import cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = current = str(cache_dir() / "inductor")
+    return current
+
+
+def _raise_recompile_limit(limit: int = 64) -> None:
+    """One compiled graph per (slots, width) shape: allow more than dynamo's default of 8 per function."""
+    import torch._dynamo.config as dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, max(getattr(dynamo, name), limit))
+
+
+def compiled_forward(model):
+    """``model.forward`` compiled for the static step, once per model and process."""
+    with _LOCK:
+        fn = _COMPILED.get(model)
+        if fn is None:
+            with warnings.catch_warnings():  # torch 2.13's inductor imports its own deprecated torch.jit.script_method
+                warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated",
+                                        category=DeprecationWarning)
+                import torch._inductor.compile_fx  # noqa: F401
+            inductor_cache_dir()
+            _raise_recompile_limit()
+            if next(model.parameters()).device.type == "cuda":  # CUDA graphs of the same static step
+                fn = torch.compile(model.forward, dynamic=False, mode="reduce-overhead")
+            else:  # the options are read when a shape compiles, which is inside a call: see StaticLMBatch._call
+                fn = torch.compile(model.forward, dynamic=False)
+            _COMPILED[model] = fn
+        return fn
+
+
+class StaticLM:
+    """A transformers causal LM that the engine runs with the static-shape step (``compile=True`` on
+    :func:`steerkit.generate`, ``steerkit generate/serve --compile``). Everything but the engine's batch (a
+    perplexity, a ``LogitsProcessor``) reads the wrapped ``model``, to which attribute reads are forwarded.
+
+    ``compiled=False`` runs the same static layout eagerly (what the unit tests check the layout with)."""
+
+    def __init__(self, model, *, compiled: bool = True):
+        self.__dict__["model"] = model
+        self.__dict__["compiled"] = bool(compiled)
+
+    def make_batch(self) -> "StaticLMBatch":
+        return StaticLMBatch(self)
+
+    def step_function(self):
+        return compiled_forward(self.model) if self.compiled else self.model.forward
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["model"], name)
+
+    # nn.Module's methods that return the module return this wrapper, so the engine still compiles
+    def to(self, *args, **kwargs) -> "StaticLM":
+        self.model.to(*args, **kwargs)
+        return self
+
+    def eval(self) -> "StaticLM":
+        self.model.eval()
+        return self
+
+    def train(self, mode: bool = True) -> "StaticLM":
+        self.model.train(mode)
+        return self
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"StaticLM({type(self.model).__name__}, compiled={self.compiled})"
+
+
+class StaticLMBatch(LMBatch):
+    """The running rows' LM state in static tensors: ``static`` (a transformers ``StaticCache``, ``slots`` ×
+    ``width`` per layer), ``mask`` [slots, width], positions ``pos`` [slots], the next write column ``t`` and the
+    rows' next-token ``logits`` [rows, V] (float32)."""
+
+    def __init__(self, lm: StaticLM):
+        self.lm = lm
+        self.reserved = 0
+        super().__init__(lm.model)
+
+    def reset(self) -> None:
+        super().reset()
+        self.static = None
+        self.rows = self.slots = self.width = self.t = 0
+        self._kv_shape = None  # (heads, head_dim, dtype) of the model's KV, read off the first prefill
+
+    @property
+    def size(self) -> int:
+        return self.rows
+
+    def reserve(self, rows: int, tokens: int, budget: int | None = None) -> int:
+        """Size the width for rows of ``tokens`` tokens (``generate``: prompt plus new tokens), so that it does not
+        change while the batch runs. With a ``budget`` (the server) nothing is sized ahead: the width follows the
+        longest running row, since every step reads the whole width. Returns the tokens a row may hold."""
+        if budget is None:
+            self.reserved = int(tokens)
+        return tokens
+
+    # -- layout --------------------------------------------------------------------------------------------
+    def _layers(self):
+        return self.static.layers
+
+    def _allocate(self, slots: int, width: int) -> None:
+        heads, head_dim, dtype = self._kv_shape
+        self.static = static_cache(self.model, slots, width, heads, head_dim, dtype, self.device,
+                                   static_addresses=self.device.type == "cuda")
+        self.slots, self.width = slots, width
+        self.mask = torch.ones((slots, width), dtype=torch.long, device=self.device)  # padded rows: all columns
+        self.pos = torch.zeros(slots, dtype=torch.long, device=self.device)
+
+    def _relayout(self, rows: int, t: int, index: torch.Tensor | None = None, shift: int = 0) -> None:
+        """Move to a ``bucket(rows)``-slot layout whose width holds column ``t`` (the next write), keeping the rows
+        ``index`` (all: None) with their columns moved right by ``shift`` (left if negative)."""
+        slots = bucket(rows)
+        width = bucket(max(t + 1, self.reserved + 1 if self.reserved else 0), MIN_WIDTH)
+        old, old_mask, old_pos, old_t = self.static, self.mask, self.pos, self.t
+        keep = torch.arange(self.rows, device=self.device) if index is None else index.to(self.device)
+        if (slots, width) != (self.slots, self.width) or old is None:
+            self._allocate(slots, width)
+        else:
+            self.mask, self.pos = self.mask.clone(), self.pos.clone()
+        n = len(keep)
+        if old is not None and n:
+            lo = max(0, -shift)
+            span = old_t - lo  # columns [lo, old_t) of the kept rows move to [lo + shift, old_t + shift)
+            for new_layer, old_layer in zip(self._layers(), old.layers):
+                for name in ("keys", "values"):
+                    src = getattr(old_layer, name).index_select(0, keep)[:, :, lo:old_t]
+                    dst = getattr(new_layer, name)
+                    dst[:n, :, lo + shift:lo + shift + span] = src
+            mask = torch.zeros((n, self.width), dtype=old_mask.dtype, device=self.device)
+            mask[:, lo + shift:lo + shift + span] = old_mask.index_select(0, keep)[:, lo:old_t]
+            self.mask[:n] = mask
+            self.mask[n:] = 1
+            self.pos[:n] = old_pos.index_select(0, keep)
+            self.pos[n:] = 0
+        self.rows, self.t = n, t
+
+    def _room(self) -> None:
+        """Make column ``t`` writable: crop the columns no row uses, else double the width."""
+        if self.t < self.width:
+            return
+        used = self.mask[:self.rows].bool().any(0).nonzero()
+        start = int(used[0].item()) if len(used) else self.t
+        self._relayout(self.rows, self.t - start, shift=-start)
+
+    def _load_rows(self, first: int, caches: list, lengths: list[int]) -> None:
+        """Copy prefilled rows (each a ``DynamicCache`` [1, heads, length, d]) into slots ``first...``, right-aligned
+        at column ``t``."""
+        for j, (cache, length) in enumerate(zip(caches, lengths)):
+            slot, lo = first + j, self.t - length
+            for layer, src in zip(self._layers(), cache.layers):
+                layer.keys[slot, :, lo:self.t] = src.keys[0, :, -length:]
+                layer.values[slot, :, lo:self.t] = src.values[0, :, -length:]
+            self.mask[slot] = 0
+            self.mask[slot, lo:self.t] = 1
+            self.pos[slot] = length
+
+    def _read_kv_shape(self, cache) -> None:
+        if self._kv_shape is None:
+            for layer in cache.layers:
+                if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+                    raise InvalidArgumentError(
+                        f"{type(self.model).__name__} uses a sliding-window KV cache ({type(layer).__name__}); the "
+                        "static-shape step holds full-attention caches only. Run it without compile.")
+            keys = cache.layers[0].keys
+            self._kv_shape = (keys.shape[1], keys.shape[3], keys.dtype)
+
+    # -- the LMBatch contract ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill_padded(self, rows_ids: list[list[int]], tokenizer) -> None:
+        """Start the batch with these prompts in one eager forward (as :class:`LMBatch` does), then copy the cache
+        into a static layout."""
+        super().prefill_padded(rows_ids, tokenizer)
+        dynamic, mask, pos, logits = self.cache, self.mask, self.pos, self.logits
+        self._read_kv_shape(dynamic)
+        rows, width = mask.shape
+        self.static, self.rows, self.t = None, 0, 0
+        self._relayout(rows, width)
+        self.rows = rows
+        for layer, src in zip(self._layers(), dynamic.layers):
+            layer.keys[:rows, :, :width] = src.keys
+            layer.values[:rows, :, :width] = src.values
+        self.mask[:rows] = 0
+        self.mask[:rows, :width] = mask
+        self.pos[:rows] = pos
+        self.cache, self.logits = None, logits
+
+    def join(self, newcomers: list[Prefilled]) -> None:
+        """Append prefilled rows after the running ones, right-aligned at the write column (moving the running
+        rows right when a newcomer is longer than the columns written so far)."""
+        if not newcomers:
+            return
+        self._read_kv_shape(newcomers[0].cache)
+        t = max([self.t] + [p.length for p in newcomers])
+        first = self.rows
+        self._relayout(first + len(newcomers), t, shift=t - self.t)
+        self.rows = first + len(newcomers)
+        self._load_rows(first, [p.cache for p in newcomers], [p.length for p in newcomers])
+        logits = [p.logits for p in newcomers]
+        self.logits = torch.cat(([self.logits] if first else []) + logits)
+
+    def keep(self, index: torch.Tensor) -> None:
+        """Keep rows ``index`` [B'] in that order, in the smallest bucket that holds them, cropping columns no kept
+        row uses."""
+        if len(index) == 0:
+            self.reset()
+            return
+        index = index.to(self.device)
+        used = self.mask.index_select(0, index).bool().any(0).nonzero()
+        start = int(used[0].item())
+        self._relayout(len(index), self.t - start, index=index, shift=-start)
+        self.logits = self.logits.index_select(0, index)
+
+    @torch.no_grad()
+    def advance(self, tokens: torch.Tensor) -> None:
+        """Write each row's chosen token [B] at column ``t`` and compute the next logits: one call of the step."""
+        self._room()
+        rows, t = self.rows, self.t
+        ids = torch.zeros((self.slots, 1), dtype=torch.long, device=self.device)
+        ids[:rows, 0] = tokens.to(self.device)
+        self.mask[:rows, t] = 1
+        set_static_write_column(self.static, t)
+        step = self.lm.step_function()
+        kwargs = dict(input_ids=ids, attention_mask=self.mask, position_ids=self.pos[:, None],
+                      cache_position=torch.tensor([t], device=self.device), use_cache=True,
+                      **cache_kwargs(self.model, self.static))
+        out = self._compiled_call(step, kwargs) if self.lm.compiled else step(**kwargs)
+        self.t = t + 1
+        self.pos[:rows] += 1
+        self.logits = out.logits[:rows, -1, :].float()
+
+    def _compiled_call(self, step, kwargs):
+        """Call the compiled step with :data:`COMPILE_OPTIONS` in force (inductor reads its global configuration
+        when a shape compiles; passed as ``torch.compile(options=...)`` they did not freeze the weights). A shape
+        this process has not run yet compiles here, between two lines on stderr."""
+        options = {} if self.device.type == "cuda" else COMPILE_OPTIONS
+        shape = (self.slots, self.width)
+        seen = _SHAPES.setdefault(self.model, set())
+        if shape in seen:
+            with torch._inductor.config.patch(options):
+                return step(**kwargs)
+        print(f"steerkit: compiling the decode step for {shape[0]} row(s) x {shape[1]} tokens (once per shape; "
+              f"cached in {inductor_cache_dir()})", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            # inductor's autotuner reads a tensor's TypedStorage, which torch itself deprecates
+            warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
+            with torch._inductor.config.patch(options):
+                out = step(**kwargs)
+        seen.add(shape)
+        print(f"steerkit: compiled in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        return out

@@ -1,0 +1,184 @@
+"""The static-shape step (steerkit/engine/static_lm.py, ``compile=True``) and the int8 LM (``dtype="int8"``) on tiny
+random models: the static layout gives the eager engine's logits through every way rows join and leave, the compiled
+step gives the eager engine's tokens, a shape compiles once, and bad options are typed errors."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import steerkit
+from steerkit.assembly import lm_runner
+from steerkit.cli import app
+from steerkit.config import SteeringConfig
+from steerkit.engine.lm_cache import LMBatch
+from steerkit.engine.lm_int8 import Int8Linear, as_int8
+from steerkit.engine.static_lm import MIN_WIDTH, StaticLM, StaticLMBatch, bucket
+from steerkit.errors import ConfigError, InvalidArgumentError
+from steerkit.rewards.sequence.scorer import RewardModelScorer
+from steerkit.serving.engine import Engine
+from steerkit.steering import SteeringTerm
+
+
+def _drive(batch, tokenizer, script_steps=150):
+    """Greedy decoding with rows joining (one longer than every row so far), leaving, the batch emptying to one
+    row, two joining at once and a chunked prefill: the logits of every step."""
+    batch.prefill_padded([[5, 6, 7, 8, 9], [10, 11], list(range(12, 24))], tokenizer)
+    seen = []
+    for step in range(script_steps):
+        seen.append(batch.logits.clone())
+        batch.advance(batch.logits.argmax(-1))
+        if step == 20:
+            batch.join([batch.prefill(list(range(30, 76)))])  # 46 tokens: longer than the 33 columns written
+        elif step == 40:
+            batch.keep(torch.tensor([3, 0, 2]))
+        elif step == 60:
+            batch.keep(torch.tensor([1]))
+        elif step == 61:
+            batch.join([batch.prefill([7] * 9), batch.prefill([8] * 3)])
+        elif step == 70:
+            job = batch.prefill_job(list(range(40, 60)), chunk=6)
+            done = None
+            while done is None:
+                done = job.run_chunk()
+            batch.join([done])
+    return seen
+
+
+def test_buckets_are_powers_of_two_times_the_smallest():
+    assert [bucket(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 16]
+    assert [bucket(n, MIN_WIDTH) for n in (1, 128, 129, 300)] == [128, 128, 256, 512]
+
+
+def test_the_static_layout_gives_the_eager_engines_logits_as_rows_join_and_leave(lm, tokenizer):
+    eager = _drive(LMBatch(lm), tokenizer)
+    static_batch = StaticLM(lm, compiled=False).make_batch()
+    static = _drive(static_batch, tokenizer)
+    assert [e.shape for e in eager] == [s.shape for s in static]
+    assert max((e - s).abs().max().item() for e, s in zip(eager, static)) < 1e-5
+    # the run outgrew the smallest width (a 46-token row plus 130 steps) and shrank to one slot and back
+    assert static_batch.width >= 2 * MIN_WIDTH and static_batch.slots == bucket(static_batch.size)
+
+
+def test_keep_crops_columns_and_picks_the_smallest_bucket(lm, tokenizer):
+    batch = StaticLM(lm, compiled=False).make_batch()
+    batch.prefill_padded([[5] * 40, [6] * 3, [7] * 3], tokenizer)
+    assert (batch.slots, batch.width, batch.t) == (4, MIN_WIDTH, 40)
+    batch.keep(torch.tensor([2]))
+    assert (batch.slots, batch.size, batch.t) == (1, 1, 3)  # the 37 columns only the long row used are gone
+    assert batch.mask[0, :3].tolist() == [1, 1, 1] and int(batch.mask[0].sum()) == 3
+
+
+def test_generate_reserves_its_whole_length_so_the_width_never_changes(lm, tokenizer):
+    batch = StaticLM(lm, compiled=False).make_batch()
+    batch.reserve(2, 5 + 300)
+    batch.prefill_padded([[5] * 5, [6] * 2], tokenizer)
+    assert batch.width == bucket(306, MIN_WIDTH)
+    server = StaticLM(lm, compiled=False).make_batch()
+    assert server.reserve(16, 2048, budget=32768) == 2048  # a server sizes nothing ahead
+    server.prefill_padded([[5] * 5], tokenizer)
+    assert server.width == MIN_WIDTH
+
+
+def _generate(lm, tokenizer, reward_model, **kw):
+    reward = RewardModelScorer(reward_model, context="full")
+    return steerkit.generate(["ab cd", "hello there friend", "x"], lm=(lm, tokenizer),
+                             rewards=[SteeringTerm(reward, -4.0, name="tiny")], k=5, max_new_tokens=24, eos_token_id=[], **kw)
+
+
+@pytest.fixture
+def inductor_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    return tmp_path / "inductor"
+
+
+def test_compiled_generate_gives_the_eager_tokens_greedy_and_seeded(lm, tokenizer, reward_model, inductor_cache,
+                                                                     capfd):
+    """One compiled shape (3 rows -> 4 slots x 128 tokens) serves greedy and sampled decoding; a second run of the
+    same shape does not compile again (dynamo is told to fail on any recompilation)."""
+    eager = _generate(lm, tokenizer, reward_model, do_sample=False)
+    compiled = _generate(lm, tokenizer, reward_model, do_sample=False, compile=True)
+    assert torch.equal(eager.sequences, compiled.sequences)
+    err = capfd.readouterr().err
+    assert "compiling the decode step for 4 row(s) x 128 tokens" in err and "compiled in" in err
+    assert any(inductor_cache.iterdir())  # the kernels are cached on disk
+    eager_s = _generate(lm, tokenizer, reward_model, do_sample=True, seed=3)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        compiled_s = _generate(lm, tokenizer, reward_model, do_sample=True, seed=3, compile=True)
+    assert torch.equal(eager_s.sequences, compiled_s.sequences)
+    assert "compiling" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["static-eager", "static-compiled"])
+def test_the_server_runs_the_static_step_and_every_row_equals_generate_alone(compiled, lm, tokenizer, reward_model,
+                                                                              inductor_cache):
+    """The server's engine on the static step: six rows with different k, β, temperatures and lengths through four
+    running slots (rows join and leave, the bucket changes): each equals the eager ``generate`` of that row alone."""
+    from test_engine import SPECS, solo
+
+    reward = RewardModelScorer(reward_model, context="full")
+    engine = Engine(StaticLM(lm, compiled=compiled), tokenizer, {"tiny": reward}, default_k=5, max_running=4,
+                    max_queue=16)
+    engine.start()
+    try:
+        results = [h.result(timeout=900) for h in engine.submit_all(SPECS)]  # compiling a shape takes seconds
+    finally:
+        engine.shutdown(0)
+    for spec, res in zip(SPECS, results):
+        assert res.token_ids == solo(lm, tokenizer, reward, spec)[0], spec
+
+
+def test_int8_weights_replace_every_linear_and_stay_close_to_float32(lm):
+    q = as_int8(lm)
+    assert q is as_int8(lm) and q is not lm  # one copy per model; the float32 LM is untouched
+    assert not any(type(m) is torch.nn.Linear for m in q.modules())
+    assert any(isinstance(m, Int8Linear) for m in q.modules()) and lm.lm_head.weight.dtype == torch.float32
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        a, b = lm(ids).logits, q(ids).logits
+    # per-row scales: each weight is within half a step (max|w| / 254) of its float32 value
+    assert (a - b).abs().max().item() < 0.02 * a.abs().max().item()
+    layer = next(m for m in q.modules() if isinstance(m, Int8Linear))
+    assert layer.qweight.dtype == torch.int8 and layer.qweight.abs().max().item() == 127
+
+
+def test_int8_generate_runs_eagerly_and_compiled_alike(lm, tokenizer, reward_model, inductor_cache):
+    eager = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="int8")
+    compiled = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="int8", compile=True)
+    assert torch.equal(eager.sequences, compiled.sequences)
+
+
+def test_lm_runner_wraps_in_order(lm):
+    runner = lm_runner(lm, compile=True, dtype="int8")
+    assert isinstance(runner, StaticLM) and runner.model is as_int8(lm)
+    assert runner.eval() is runner and runner.to("cpu") is runner  # nn.Module's self-returning methods
+    assert runner.config is runner.model.config and lm_runner(lm) is lm  # attribute reads reach the model
+    assert isinstance(runner.make_batch(), StaticLMBatch)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"compile": "yes"}, "compile must be True or False"),
+    ({"dtype": "int4"}, "dtype='int4': choose one of 'float32', 'int8'"),
+    ({"engine": "llama.cpp", "compile": True}, "compile and dtype apply to engine='steerkit'"),
+    ({"engine": "llama.cpp", "dtype": "int8"}, "compile and dtype apply to engine='steerkit'"),
+])
+def test_bad_lm_options_are_typed_errors_before_anything_loads(kw, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        steerkit.generate("x", lm="/nonexistent/model", **kw)
+
+
+def test_config_and_cli_carry_compile_and_dtype(tmp_path, tiny_backbone_dir):
+    cfg = SteeringConfig.from_dict({"compile": True, "dtype": "int8"})
+    assert (cfg.compile, cfg.dtype) == (True, "int8")
+    with pytest.raises(ConfigError, match="dtype"):
+        SteeringConfig.from_dict({"dtype": "float16"})
+    with pytest.raises(ConfigError, match="compile and dtype apply to engine='steerkit'"):
+        SteeringConfig.from_dict({"engine": "llama.cpp", "compile": True})
+    result = CliRunner().invoke(app, ["generate", "hello", "--lm", str(tiny_backbone_dir), "--dtype", "int8",
+                                      "--no-compile", "-t", "4", "--greedy", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert (payload["compile"], payload["dtype"]) == (False, "int8") and payload["generations"][0]["num_new_tokens"] == 4
+    bad = CliRunner().invoke(app, ["generate", "hello", "--lm", str(tiny_backbone_dir), "--dtype", "bf16"])
+    assert isinstance(bad.exception, ConfigError) and "dtype: Input should be 'float32' or 'int8'" in str(bad.exception)
