@@ -172,6 +172,24 @@ class StaticLMBatch(LMBatch):
             self.reserved = int(tokens)
         return tokens
 
+    @torch.no_grad()
+    def warm_up(self, max_rows: int, token_id: int = 0) -> None:
+        """Compile (or load from the disk cache) the step of every row bucket up to ``max_rows`` at the narrowest
+        width, now: the server calls this before it accepts requests, so that its first batches do not wait on a
+        compilation. A row that outgrows the narrowest width still compiles its wider shape when it gets there."""
+        if not self.lm.compiled or self.rows:
+            return
+        self._read_kv_shape(self.prefill([token_id]).cache)
+        slots = 1
+        while True:
+            self._allocate(slots, MIN_WIDTH)
+            self.rows, self.t = 0, 0
+            self.advance(torch.full((0,), token_id, dtype=torch.long))
+            if slots >= max_rows:
+                break
+            slots *= 2
+        self.reset()
+
     # -- layout --------------------------------------------------------------------------------------------
     def _layers(self):
         return self.static.layers

@@ -107,6 +107,9 @@ class Engine:
         if self.context is not None:  # llama.cpp sizes its KV cache now, and may give a row fewer tokens
             self.context = self._core.batch.reserve(self.max_running, self.context, budget=KV_BUDGET_TOKENS)
         self._core.batch.prefill([tokenizer.eos_token_id or 0])  # an LM whose KV cache cannot be batched fails now
+        warm_up = getattr(self._core.batch, "warm_up", None)
+        if callable(warm_up):  # the compiled step (--compile): every row bucket compiled before a request waits on it
+            warm_up(self.max_running, tokenizer.eos_token_id or 0)
         self._prefills = Prefills(self._core.batch, self.prefill_chunk)
         self._queue: deque[Row] = deque()
         self._lock = threading.Condition()

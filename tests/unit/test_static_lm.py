@@ -19,6 +19,7 @@ from steerkit.errors import ConfigError, InvalidArgumentError
 from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.serving.engine import Engine
 from steerkit.steering import SteeringTerm
+from steerkit.testing import tiny_lm
 
 
 def _drive(batch, tokenizer, script_steps=150):
@@ -93,40 +94,51 @@ def inductor_cache(tmp_path, monkeypatch):
     return tmp_path / "inductor"
 
 
-def test_compiled_generate_gives_the_eager_tokens_greedy_and_seeded(lm, tokenizer, reward_model, inductor_cache,
-                                                                     capfd):
+@pytest.fixture
+def fresh_lm(tokenizer):
+    """The session's tiny LM rebuilt as a new object: what a process has compiled is per model object, so a test that
+    counts compilations must not share its model with another test."""
+    return tiny_lm(tokenizer)
+
+
+def test_compiled_generate_gives_the_eager_tokens_greedy_and_seeded(fresh_lm, tokenizer, reward_model,
+                                                                     inductor_cache, capfd):
     """One compiled shape (3 rows -> 4 slots x 128 tokens) serves greedy and sampled decoding; a second run of the
     same shape does not compile again (dynamo is told to fail on any recompilation)."""
-    eager = _generate(lm, tokenizer, reward_model, do_sample=False)
-    compiled = _generate(lm, tokenizer, reward_model, do_sample=False, compile=True)
+    eager = _generate(fresh_lm, tokenizer, reward_model, do_sample=False)
+    compiled = _generate(fresh_lm, tokenizer, reward_model, do_sample=False, compile=True)
     assert torch.equal(eager.sequences, compiled.sequences)
     err = capfd.readouterr().err
     assert "compiling the decode step for 4 row(s) x 128 tokens" in err and "compiled in" in err
     assert any(inductor_cache.iterdir())  # the kernels are cached on disk
-    eager_s = _generate(lm, tokenizer, reward_model, do_sample=True, seed=3)
+    eager_s = _generate(fresh_lm, tokenizer, reward_model, do_sample=True, seed=3)
     with torch._dynamo.config.patch(error_on_recompile=True):
-        compiled_s = _generate(lm, tokenizer, reward_model, do_sample=True, seed=3, compile=True)
+        compiled_s = _generate(fresh_lm, tokenizer, reward_model, do_sample=True, seed=3, compile=True)
     assert torch.equal(eager_s.sequences, compiled_s.sequences)
     assert "compiling" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["static-eager", "static-compiled"])
-def test_the_server_runs_the_static_step_and_every_row_equals_generate_alone(compiled, lm, tokenizer, reward_model,
-                                                                              inductor_cache):
+def test_the_server_runs_the_static_step_and_every_row_equals_generate_alone(compiled, fresh_lm, tokenizer,
+                                                                              reward_model, inductor_cache, capfd):
     """The server's engine on the static step: six rows with different k, β, temperatures and lengths through four
-    running slots (rows join and leave, the bucket changes): each equals the eager ``generate`` of that row alone."""
+    running slots (rows join and leave, the bucket changes): each equals the eager ``generate`` of that row alone.
+    Compiled, every row bucket up to ``max_running`` compiles while the engine is built, none while it serves."""
     from test_engine import SPECS, solo
 
     reward = RewardModelScorer(reward_model, context="full")
-    engine = Engine(StaticLM(lm, compiled=compiled), tokenizer, {"tiny": reward}, default_k=5, max_running=4,
+    engine = Engine(StaticLM(fresh_lm, compiled=compiled), tokenizer, {"tiny": reward}, default_k=5, max_running=4,
                     max_queue=16)
+    warmed = capfd.readouterr().err
+    assert [f"for {n} row(s) x 128 tokens" in warmed for n in (1, 2, 4)] == [compiled] * 3
     engine.start()
     try:
-        results = [h.result(timeout=900) for h in engine.submit_all(SPECS)]  # compiling a shape takes seconds
+        results = [h.result(timeout=120) for h in engine.submit_all(SPECS)]
     finally:
         engine.shutdown(0)
+    assert "compiling" not in capfd.readouterr().err
     for spec, res in zip(SPECS, results):
-        assert res.token_ids == solo(lm, tokenizer, reward, spec)[0], spec
+        assert res.token_ids == solo(fresh_lm, tokenizer, reward, spec)[0], spec
 
 
 def test_int8_weights_replace_every_linear_and_stay_close_to_float32(lm):
@@ -182,3 +194,12 @@ def test_config_and_cli_carry_compile_and_dtype(tmp_path, tiny_backbone_dir):
     assert (payload["compile"], payload["dtype"]) == (False, "int8") and payload["generations"][0]["num_new_tokens"] == 4
     bad = CliRunner().invoke(app, ["generate", "hello", "--lm", str(tiny_backbone_dir), "--dtype", "bf16"])
     assert isinstance(bad.exception, ConfigError) and "dtype: Input should be 'float32' or 'int8'" in str(bad.exception)
+
+
+def test_the_servers_setup_path_gives_the_compiled_int8_lm(tiny_backbone_dir):
+    """``steerkit serve --compile --dtype int8`` reaches the server's engine through its config (serving.loading)."""
+    from steerkit.serving.loading import engine_parts
+
+    parts = engine_parts(SteeringConfig.from_dict({"lm": str(tiny_backbone_dir), "compile": True, "dtype": "int8"}))
+    assert isinstance(parts.lm, StaticLM) and parts.lm.compiled
+    assert any(isinstance(m, Int8Linear) for m in parts.lm.model.modules())
