@@ -29,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,6 +131,9 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--engine", default="steerkit", help="steerkit serve --engine: steerkit or llama.cpp")
     parser.add_argument("--backend", default="auto", help="steerkit serve --backend (the reward's)")
+    parser.add_argument("--compile", action="store_true", help="steerkit serve --compile (the static-shape step; "
+                        "the server compiles its row buckets before it answers /health)")
+    parser.add_argument("--dtype", default="float32", help="steerkit serve --dtype: float32 or int8")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_serve.json")
     args = parser.parse_args()
 
@@ -139,21 +143,24 @@ def main() -> None:
     env = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "STEERKIT_PLUGINS": "toxicity"}
     cmd = [sys.executable, "-m", "steerkit", "serve", "--lm", "smollm2-135m-instruct", "--port", str(port),
            "--max-running", str(max_running), "--max-queue", str(max(64, args.requests)), "--timeout", "0",
-           "--log-level", "warning", "--engine", args.engine, "--backend", args.backend]
+           "--log-level", "warning", "--engine", args.engine, "--backend", args.backend] + (
+               ["--compile", "--dtype", args.dtype] if args.compile else ["--dtype", args.dtype])
     load_before = os.getloadavg()
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nothing the server prints can block it
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + (1800 if args.compile else 180)  # compiling each row bucket: ~1 min cold
         while True:
             if server.poll() is not None:
-                raise SystemExit(f"the server exited: {server.stderr.read()}")
+                log.seek(0)
+                raise SystemExit(f"the server exited: {log.read()}")
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
-                raise SystemExit("the server did not become healthy within 180 s")
+                raise SystemExit("the server did not become healthy in time")
             time.sleep(0.5)
         bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens, "temperature": 1.0,
                    "seed": i, "k": args.k, "rewards": {"toxicity": args.beta}, "stream": True}
@@ -181,6 +188,9 @@ def main() -> None:
             server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
+        log.seek(0)
+        compiled = [line.strip() for line in log if line.startswith("steerkit: compiled in")]
+        log.close()
     base = next((lv for lv in levels if lv["clients"] == 1), None)
     for level in levels:
         level["speedup_vs_sequential"] = level["tokens_per_s"] / base["tokens_per_s"] if base else None
@@ -189,7 +199,7 @@ def main() -> None:
               "server": " ".join(cmd[2:]), "torch_threads": 1, "machine": platform.processor() or platform.machine(),
               "cpus": os.cpu_count(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
               "sequential_is": "the 1-client level: the same requests sent one after another",
-              "levels": levels}
+              "compilations_at_start": compiled, "levels": levels}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

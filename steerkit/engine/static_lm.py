@@ -47,7 +47,9 @@ MIN_WIDTH = 128
 
 #: inductor settings of the compiled step: weights folded in as constants, every matrix product autotuned
 #: between inductor's C++ GEMM template and ATen's (MKL) kernel.
-COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+#: (The autotuner's table of timings per product is not printed: steerkit prints one line per shape.)
+COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                   "autotune_num_choices_displayed": 0}
 
 _COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its compiled forward
 _SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> shapes compiled in this process
