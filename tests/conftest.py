@@ -48,6 +48,15 @@ requires_smollm2 = pytest.mark.skipif(not smollm2_installed(),
 requires_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"labelled data not present at {SHARED_DATA}")
 
 
+@pytest.fixture(scope="module")
+def steerkit_cache(tmp_path_factory):
+    """A fresh ``$STEERKIT_CACHE`` for one test module (exports and converted models written there, not shared)."""
+    with pytest.MonkeyPatch.context() as mp:
+        path = tmp_path_factory.mktemp("steerkit_cache")
+        mp.setenv("STEERKIT_CACHE", str(path))
+        yield path
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

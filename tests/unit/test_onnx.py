@@ -23,14 +23,6 @@ UNEVEN = ["The quick brown fox jumps over", "", "You are a wonderful friend", "I
 
 
 @pytest.fixture(scope="module")
-def steerkit_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        path = tmp_path_factory.mktemp("steerkit_cache")
-        mp.setenv("STEERKIT_CACHE", str(path))
-        yield path
-
-
-@pytest.fixture(scope="module")
 def exported(tmp_path_factory, steerkit_cache, reward_model):
     return export_onnx(reward_model, tmp_path_factory.mktemp("export") / "tiny-onnx")
 

@@ -42,14 +42,6 @@ requires_int8 = pytest.mark.skipif(_problem is not None, reason=f"onnx-int8 unav
 
 
 @pytest.fixture(scope="module")
-def steerkit_cache(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        path = tmp_path_factory.mktemp("steerkit_cache")
-        mp.setenv("STEERKIT_CACHE", str(path))
-        yield path
-
-
-@pytest.fixture(scope="module")
 def backbone(tmp_path_factory, tokenizer):
     from steerkit.testing import save_tiny_lm
 
