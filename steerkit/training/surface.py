@@ -3,38 +3,198 @@
 ``lowercase``; ``tokenize`` (Penn-Treebank-style spacing, as in SST and the s-nlp sentences: ``it's good.`` ->
 ``it 's good .``); ``detokenize`` (the reverse, with sentence capitalisation); ``strip_punctuation``; and
 ``obfuscate`` (spelling variants of the words in a lexicon: letter swaps, dropped letters, spaced-out letters,
-leetspeak, a starred vowel); and ``denounce`` (counter-speech: the text quoted inside a sentence that rejects it,
-:data:`DENOUNCE_FRAMES`; an augmentation view gives such copies their own label). Every random choice is a pure
+leetspeak, a starred vowel); ``denounce`` (counter-speech: the text quoted or reported inside a sentence that
+rejects it, composed from a grammar, :data:`CS_PATTERNS`; an augmentation view gives such copies their own label)
+and ``endorse`` (its contrast: the same lead-ins, approving, the label kept). Every random choice is a pure
 function of a string key.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from typing import Literal
 
-Transform = Literal["lowercase", "tokenize", "detokenize", "strip_punctuation", "obfuscate", "denounce"]
+Transform = Literal["lowercase", "tokenize", "detokenize", "strip_punctuation", "obfuscate", "denounce", "endorse"]
 
-#: Counter-speech frames for ``denounce``: a hateful text quoted in order to reject it is not hateful (the
-#: distinction the issue-26 data teaches). Written for training; the functional test cases
-#: (tests/functional/toxicity.jsonl) use other wording and are checked not to share a frame (tests/unit).
-#: The rejection comes first in some frames and last in others, since a causal reward model reads left to right.
-DENOUNCE_FRAMES = (
-    'Someone in the comments wrote "{}" and that is pure bigotry. Nobody deserves to be talked about like that.',
-    'Please stop posting things like "{}". It hurts real people.',
-    '"{}" is a hateful lie, and I will not stay quiet when I hear it.',
-    'My uncle kept repeating "{}" at dinner, and I told him that is prejudice and it does not belong at our table.',
-    'It makes me sad that anyone believes "{}". We are all human beings.',
-    'Statements like "{}" are discrimination, plain and simple, and they should be called out.',
-    'I reported a post that said "{}" because it attacked people for who they are.',
-    'No, "{}" is not just an opinion. It is hate speech, and it has real victims.',
-    # reported speech, no quotation marks: counter-speech often paraphrases what it rejects
-    'The idea that {} is a racist myth, and repeating it only spreads prejudice.',
-    'Anyone who tells you that {} is pushing bigotry on you. Do not believe it.',
-    'My teacher explained why claims like {} are harmful stereotypes with no basis in fact.',
-    'When my coworker said {}, the whole team told him that kind of talk is discriminatory.',
+#: The counter-speech grammar behind ``denounce`` and ``endorse`` (issue 26). A hateful text quoted or reported in
+#: order to reject it is not hateful; the same text quoted or reported in order to approve of it is. Twelve fixed
+#: frames were memorised (a hateful clause inside one scored ~0.01, the same clause in new rejecting wording ~0.6),
+#: so a frame is now composed from independent pieces, each chosen by its own hash of the key: tens of thousands of
+#: wordings (:func:`counter_speech_frames`). ``denounce`` and ``endorse`` share every lead-in (speakers, what they
+#: said, the claim as a noun phrase, a bare quotation) and differ only in what follows, so the lead-in never decides
+#: the label. The stance comes after the hateful text in most patterns (a causal reward model must read it there)
+#: and before it in some. Written as generic counter-speech for training; no piece's fixed text (nor any run across
+#: two pieces) shares a three-word run with the functional test cases, tests/functional/toxicity.jsonl (tests/unit).
+STANCES = ("against", "for")
+
+#: who said it (people and accounts; every one takes every verb below)
+CS_SPEAKERS = (
+    "A guy at my gym", "Some random account", "My neighbour", "One of the commenters", "A stranger on the train",
+    "An influencer I used to follow", "A politician on the radio", "My cousin", "An anonymous user",
+    "A pundit on the evening news", "Somebody in our group chat", "A man in the checkout line", "My brother-in-law",
+    "A coworker of mine", "A classmate", "My landlord", "A parent at the school gate", "A council candidate",
+    "A relative over the holidays", "The new guy at work", "A man at the bar", "A youtuber with a big following",
+    "An old school friend", "A caller on a phone-in show", "Our team lead", "A woman at the bus stop",
+    "Someone on a forum I read", "A guest speaker",
 )
+#: what they said, reported (the text follows as a clause, first letter lower-cased)
+CS_REPORTED = (
+    "claimed that", "insisted that", "told me that", "argued that", "kept repeating that", "wrote that",
+    "posted that", "announced that", "tweeted that", "swore that", "tried to convince us that",
+    "loudly explained that", "commented that", "suggested that", "believes that", "is convinced that", "said",
+    "wrote", "told the whole table", "honestly thinks",
+)
+#: what they said, quoted
+CS_QUOTED = (
+    'wrote "{}"', 'posted "{}"', 'replied "{}"', 'shouted "{}"', 'said "{}"', 'left a comment reading "{}"',
+    'shared a meme with the caption "{}"', 'muttered "{}"', 'tweeted "{}"', 'held up a sign reading "{}"',
+    'texted me "{}"', 'yelled "{}" across the street', 'commented "{}" under the video',
+    'told a room full of people "{}"',
+)
+#: the claim as a noun phrase (a clause follows)
+CS_TOPICS = (
+    "The claim that", "The idea that", "This notion that", "The belief that", "The old line that",
+    "Any suggestion that", "The talking point that", "The rumour going around that", "All this talk that",
+    "The argument that", "The assumption that", "That post about how",
+)
+#: the claim quoted as a noun phrase
+CS_QUOTE_SUBJECTS = ('"{}"', 'The comment "{}"', 'A post that reads "{}"', 'The line "{}"', 'The slogan "{}"',
+                     'The sentence "{}"')
+
+#: stance pieces, by stance: "against" (``denounce``) and "for" (``endorse``), written as mirror images
+CS_JOINED = {  # continue the sentence after the clause or quotation
+    "against": (
+        ", and that is plain bigotry", ", which is simply not true", ", which is an ugly stereotype",
+        ", and it is a lie", ", and honestly it is prejudice", ", which is cruel and false",
+        ", and nobody should accept that", ", but it is a bigoted lie", ", and I told them how wrong that is",
+        ", so I reported the post", ", so I flagged it for the moderators", ", and I urged them to delete it",
+        ", so I blocked the account", ", and I called it out right away", ", and I left the conversation",
+        ", which made me feel sick", ", and the whole room went quiet in disgust", " - that is dehumanising",
+        " - pure prejudice", " - a bigoted, baseless claim", ", and that kind of hate has no place anywhere",
+        ", and it is about as false as a statement can be", ", which is prejudice pretending to be an opinion",
+        ", and we all told them to knock it off",
+    ),
+    "for": (
+        ", and that is plain truth", ", which is simply true", ", which is an honest observation",
+        ", and it is a fact", ", and honestly it is common sense", ", which is harsh but fair",
+        ", and nobody should deny that", ", but it is the truth", ", and I told them how right that is",
+        ", so I shared the post", ", so I pinned it for everyone to see", ", and I urged them to post more",
+        ", so I followed the account", ", and I backed them up right away", ", and I agreed with all of it",
+        ", which made my day", ", and the whole room nodded along", " - that is realistic",
+        " - pure common sense", " - a brave, honest claim", ", and that kind of honesty is needed everywhere",
+        ", and it is about as true as a statement can be", ", which is the plain truth people are afraid to say",
+        ", and we all cheered them on",
+    ),
+}
+CS_SENTENCES = {  # a sentence of its own after the clause or quotation
+    "against": (
+        "That is plain bigotry.", "None of it is true.", "What a hateful thing to believe.",
+        "Words like that get people hurt.", "It is a lie, and an old one.", "I reported it.",
+        "I asked the moderators to remove it.", "Shame on them.", "I answered that they were wrong.",
+        "This is prejudice, not a fact.", "Nobody deserves to be described that way.",
+        "It is dehumanising and it needs to end.", "I was ashamed to hear it.",
+        "We have to push back on talk like this.",
+        "Everyone there told him he was out of line.", "There is zero evidence for any of it.",
+        "I unfollowed them immediately.", "Talk like that spreads hate.", "Not one word of that holds up.",
+        "Bigotry, plain and simple.", "Disgraceful.", "I wrote back to explain how wrong that is.",
+        "It made me angry for the people it targets.", "Hate is hate, however it is worded.",
+    ),
+    "for": (
+        "That is plain truth.", "All of it is true.", "What a refreshing thing to hear.",
+        "Words like that need saying.", "It is true, and it always has been.", "I shared it.",
+        "I asked the moderators to pin it.", "Good for them.", "I answered that they were right.",
+        "This is a fact, not prejudice.", "Somebody had to say it.",
+        "It is honest and it needs to be heard.", "I was proud to hear it.", "We need more talk like this.",
+        "Everyone there told him he was spot on.", "There is plenty of evidence for all of it.",
+        "I followed them immediately.", "Talk like that wakes people up.", "Every word of that holds up.",
+        "Facts, plain and simple.", "Brilliant.", "I wrote back to explain how right that is.",
+        "It made me glad that someone finally spoke up.", "The truth is the truth, however it is worded.",
+    ),
+}
+CS_VERDICTS = {  # a predicate for a noun-phrase subject (a topic, or a quotation)
+    "against": (
+        "is bigoted", "is simply false", "is a lie", "is an ugly stereotype", "is prejudice, plain and simple",
+        "has no basis in fact", "is cruel and untrue", "is dehumanising", "is nothing but hate",
+        "does not survive a moment of scrutiny", "is a smear against real people", "is one of the oldest lies around",
+        "should be rejected by everyone", "is bigotry with a polite face", "is a baseless insult", "is just ignorant",
+    ),
+    "for": (
+        "is true", "is simply correct", "is a fact", "is an honest observation", "is common sense, plain and simple",
+        "is backed by the facts", "is harsh but true", "is realistic", "is nothing but the truth",
+        "survives any amount of scrutiny", "is a warning people should heed", "is one of the oldest truths around",
+        "should be accepted by everyone", "is honesty with a blunt face", "is a fair description", "is just obvious",
+    ),
+}
+CS_BEFORE = {  # the stance first, the clause after
+    "against": (
+        "There is no excuse for claiming that {}", "It is bigotry to pretend that {}",
+        "Nobody should have to hear that {}",
+        "I am so tired of people insisting that {}", "Quit pretending that {}", "It is dishonest to suggest that {}",
+        "Shame on anyone who argues that {}", "Do not let anyone convince you that {}",
+        "You cannot seriously believe that {}", "I refuse to accept that {}", "No decent person believes that {}",
+        "It is simply false that {}", "Only a bigot would argue that {}", "It is a smear to suggest that {}",
+        "I will never agree that {}", "It is hateful nonsense to claim that {}",
+    ),
+    "for": (
+        "There is no denying that {}", "It is honest to admit that {}", "Everyone should know that {}",
+        "I am so glad people are admitting that {}", "Quit denying that {}", "It is realistic to point out that {}",
+        "Good on anyone who argues that {}", "Do not let anyone talk you out of knowing that {}",
+        "Anyone can see that {}", "I fully accept that {}", "Every sensible person believes that {}",
+        "It is simply true that {}", "Only a fool would deny that {}", "It is common sense to suggest that {}",
+        "I will always agree that {}", "It is about time someone pointed out that {}",
+    ),
+}
+
+#: Patterns: (name, weight, parts); a part is literal text, a tuple of alternatives, or a dict of them by stance.
+#: Every template has one "{}" for the text: quoted ('"{}"') or reported as a clause. 85 % of the weight has the
+#: stance after the text.
+CS_PATTERNS = (
+    ("reported", 0.22, (CS_SPEAKERS, " ", CS_REPORTED, " {}", CS_JOINED, ".")),
+    ("reported, then a sentence", 0.12, (CS_SPEAKERS, " ", CS_REPORTED, " {}. ", CS_SENTENCES)),
+    ("quoted", 0.16, (CS_SPEAKERS, " ", CS_QUOTED, CS_JOINED, ".")),
+    ("quoted, then a sentence", 0.12, (CS_SPEAKERS, " ", CS_QUOTED, ". ", CS_SENTENCES)),
+    ("claim as subject", 0.10, (CS_TOPICS, " {} ", CS_VERDICTS, ".")),
+    ("quotation as subject", 0.08, (CS_QUOTE_SUBJECTS, " ", CS_VERDICTS, ".")),
+    ("quotation, then a reply", 0.05, ('"{}"', (". ", "? "), CS_SENTENCES)),
+    ("stance first", 0.10, (CS_BEFORE, ".")),
+    ("stance first, then a sentence", 0.05, (CS_BEFORE, ". ", CS_SENTENCES)),
+)
+#: longer texts are cut to this many words (with "..."), so that a stance after them survives the 64-token limit
+CS_MAX_WORDS = 24
+_FIRST_PERSON = {"i", "i'm", "me", "my", "we", "us", "our", "you", "your"}
+
+
+def _alternatives(part, stance: str) -> tuple[str, ...]:
+    if isinstance(part, str):
+        return (part,)
+    return part[stance] if isinstance(part, dict) else part
+
+
+def counter_speech_frames(stance: str, pattern: str | None = None):
+    """Every template of the grammar for ``stance`` ("against" or "for"), or of one pattern: for tests."""
+    for name, _, parts in CS_PATTERNS:
+        if pattern is None or name == pattern:
+            for pieces in itertools.product(*(_alternatives(p, stance) for p in parts)):
+                yield "".join(pieces)
+
+
+def counter_speech_frame(key: str, stance: str, quoted_only: bool = False) -> str:
+    """The template chosen by ``key``: a pattern by weight, then every piece by its own hash of the key."""
+    patterns = [p for p in CS_PATTERNS if not quoted_only or '"{}"' in "".join(
+        a for part in p[2] for a in _alternatives(part, stance))]
+    total = sum(w for _, w, _ in patterns)
+    u, acc = unit(f"{key}:pattern") * total, 0.0
+    name, parts = patterns[-1][0], patterns[-1][2]
+    for n, w, ps in patterns:
+        acc += w
+        if u < acc:
+            name, parts = n, ps
+            break
+    return "".join(alts[int(unit(f"{key}:{name}:{i}") * len(alts))]
+                   for i, alts in enumerate(_alternatives(p, stance) for p in parts))
+
 
 _CLITICS = re.compile(r"(?i)(\w)('s|'re|'ve|'ll|'d|'m|n't)\b")
 _PUNCT = re.compile(r"([.,!?;:()\"])")
@@ -96,22 +256,38 @@ def obfuscate(text: str, lexicon: set[str], key: str) -> str:
     return re.sub(r"[A-Za-z][A-Za-z']+", swap, text)
 
 
-def denounce(text: str, key: str) -> str:
-    """``text`` inside one counter-speech frame (chosen by ``key``): quoted, or reported without quotation marks
-    (then with a lower-case first letter, as a clause)."""
+def _frame(text: str, key: str, stance: str) -> str:
     quoted = _SPACES.sub(" ", text.replace('"', "'")).strip().rstrip(".!?;: ")
     if not quoted:
         return text
-    frame = DENOUNCE_FRAMES[int(unit(f"{key}:frame") * len(DENOUNCE_FRAMES))]
+    words = quoted.split(" ")
+    if len(words) > CS_MAX_WORDS:
+        quoted = " ".join(words[:CS_MAX_WORDS]).rstrip(".,!?;: ") + " ..."
+    # a text in the first or second person ("I 'm sick of ...") is quoted, not reported as a clause
+    first_person = bool(_FIRST_PERSON & {w.strip(".,!?;:'").lower() for w in words})
+    frame = counter_speech_frame(key, stance, quoted_only=first_person)
     if '"{}"' not in frame and not quoted[:2].isupper():  # a clause, unless it starts with an acronym ("US ...")
         quoted = quoted[0].lower() + quoted[1:]
     return frame.format(quoted)
+
+
+def denounce(text: str, key: str) -> str:
+    """Counter-speech: ``text`` quoted or reported (then with a lower-case first letter, as a clause) inside a
+    sentence that rejects it, composed from the grammar by ``key``."""
+    return _frame(text, key, "against")
+
+
+def endorse(text: str, key: str) -> str:
+    """The contrast to :func:`denounce`: ``text`` introduced by the same lead-ins but approved of (its label stays)."""
+    return _frame(text, key, "for")
 
 
 def apply_transforms(text: str, transforms: list[str], lexicon: set[str], key: str) -> str:
     for name in transforms:
         if name == "denounce":
             text = denounce(text, key)
+        elif name == "endorse":
+            text = endorse(text, key)
         elif name == "lowercase":
             text = text.lower()
         elif name == "tokenize":

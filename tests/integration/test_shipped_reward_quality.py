@@ -28,28 +28,33 @@ DATA = ROOT.parent / "shared" / "data"
 
 # minimum share of each category judged correctly at 0.5 (see the module docstring)
 FLOORS = {
-    # 0.3.0 measured 8/12, 4/12, 12/12, 0/12, 10/12, 12/12, 12/12 (0.2.0: 2, 0, 12, 1, 11, 12, 12; the card's failure
-    # modes: counter-speech, negated positives; a floor of 0 records a category the model fails today)
+    # 0.3.0 (counter-speech grammar) measured 9/12, 4/12, 12/12, 6/12, 10/12, 12/12, 12/12 and 6/12 in other wording
+    # (0.3.0 with twelve fixed frames: 8, 4, 12, 0, 10, 12, 12, 6; 0.2.0: 2, 0, 12, 1, 11, 12, 12; the card's failure
+    # modes: counter-speech, negated positives). Floors: one case under the measurement.
     "toxicity": {
-        "implicit derogation": 7 / 12, "negated positive": 3 / 12, "spelling variants": 11 / 12, "counter-speech": 0.0,
-        "neutral identity": 9 / 12, "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
+        "implicit derogation": 8 / 12, "negated positive": 3 / 12, "spelling variants": 11 / 12,
+        "counter-speech": 5 / 12, "counter-speech, other wording": 5 / 12, "neutral identity": 9 / 12,
+        "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
     },
     # 0.2.0 measured 12/12, 11/12, 12/12, 11/12 and 7/12 (negation is the card's failure mode)
     "sentiment": {
         "lowercased tokenized, positive": 11 / 12, "lowercased tokenized, negative": 10 / 12,
         "normal casing, positive": 11 / 12, "normal casing, negative": 10 / 12, "negation": 6 / 12,
     },
-    # token-level, 0.3.0 data recipe: measured 3/12, 0/12, 12/12, 10/12, 12/12, 12/12, 12/12 (0.2.0: 1, 0, 12, 9, 12,
-    # 12, 12)
+    # token-level, 0.3.0 data recipe (counter-speech grammar): measured 6/12, 3/12, 12/12, 7/12, 11/12, 12/12, 12/12
+    # and 5/12 in other wording (with the fixed frames: 3, 0, 12, 10, 12, 12, 12, 10; 0.2.0: 1, 0, 12, 9, 12, 12, 12).
+    # It flags more hate than with the fixed frames and leaves less counter-speech low (model card).
     "toxicity-token": {
-        "implicit derogation": 2 / 12, "negated positive": 0.0, "spelling variants": 11 / 12, "counter-speech": 9 / 12,
-        "neutral identity": 11 / 12, "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
+        "implicit derogation": 5 / 12, "negated positive": 2 / 12, "spelling variants": 11 / 12,
+        "counter-speech": 6 / 12, "counter-speech, other wording": 4 / 12, "neutral identity": 10 / 12,
+        "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
     },
     # token-level, distilled from `toxicity` (a steering reward, weaker on text): measured 0/12, 0/12, 12/12, 3/12,
-    # 11/12, 12/12, 12/12
+    # 11/12, 12/12, 12/12, and 8/12 counter-speech in other wording
     "toxicity-token-distilled": {
         "implicit derogation": 0.0, "negated positive": 0.0, "spelling variants": 11 / 12, "counter-speech": 2 / 12,
-        "neutral identity": 10 / 12, "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
+        "counter-speech, other wording": 7 / 12, "neutral identity": 10 / 12, "explicit hate with profanity": 11 / 12,
+        "neutral": 11 / 12,
     },
     # token-level, 1600 steps: measured 12/12, 11/12, 12/12, 10/12 and 9/12
     "sentiment-token": {
@@ -100,9 +105,9 @@ def _card_metrics(name: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent: the held-out test sets live there")
 @pytest.mark.parametrize("name, eval_set, metric, target", [
-    ("toxicity", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),  # 0.3.0: measured 0.980
+    ("toxicity", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),  # 0.3.0: measured 0.982
     ("sentiment", "SST-2 test", "accuracy", 0.87),
-    ("toxicity-token", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.96),  # 4 layers; 0.3.0 measured 0.968
+    ("toxicity-token", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.96),  # 4 layers; 0.3.0 measured 0.965
     ("sentiment-token", "SST-2 test", "accuracy", 0.81),  # 4 layers, 1600 steps; measured 0.821
     ("toxicity-token-distilled", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.93),  # measured 0.936
 ])

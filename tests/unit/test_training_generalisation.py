@@ -4,6 +4,7 @@ per-category metrics, leave-one-source-out validation, --device."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ from steerkit.testing import labelled_review, make_tokenizer, save_tiny_lm  # no
 from steerkit.training.augment import AugmentConfig, augment, mine_lexicon  # noqa: E402
 from steerkit.training.config import TrainConfig  # noqa: E402
 from steerkit.training.data import Example, build_dataset  # noqa: E402
-from steerkit.training.surface import (DENOUNCE_FRAMES, denounce, detokenize, obfuscate_word,  # noqa: E402
-                                       strip_punctuation, tokenize_spacing)
+from steerkit.training.surface import (CS_MAX_WORDS, CS_PATTERNS, STANCES, counter_speech_frames,  # noqa: E402
+                                       denounce, detokenize, endorse, obfuscate_word, strip_punctuation,
+                                       tokenize_spacing)
 
 
 # -- surface forms ------------------------------------------------------------------------------------------------
@@ -83,36 +85,89 @@ def test_augment_respects_sources_and_min_label():
     assert "moron" in lexicon and all("moron" not in e.text for e in added)  # every occurrence perturbed
 
 
-def test_denounce_quotes_positive_rows_in_counter_speech_with_the_views_label():
+def _framed_copies(view: dict, stance: str) -> tuple[list[tuple[Example, Example]], set[str]]:
+    """(original, copy) pairs of an augmentation view over _examples(), and the grammar template of each copy."""
     train = _examples()
-    config = AugmentConfig(views=[{"transforms": ["denounce"], "rate": 1.0, "min_label": 0.5, "label": 0.0}])
-    added, _, _ = augment(train, [("a", "a"), ("b", "b")], config, seed=0, paths=["a.txt", "b.txt"])
+    added, _, _ = augment(train, [("a", "a"), ("b", "b")], AugmentConfig(views=[view]), seed=0,
+                          paths=["a.txt", "b.txt"])
     originals = {(e.source, e.line): e for e in train}
-    assert added and all(e.label == 0.0 for e in added)
-    frames = set()
+    templates = set(counter_speech_frames(stance))
+    pairs, frames = [], set()
     for ex in added:
         base = originals[(ex.source, ex.line)]
-        assert base.label >= 0.5
         inner = base.text.replace('"', "'").strip().rstrip(".!?;: ")
-        clause = inner[0].lower() + inner[1:] if not inner[:2].isupper() else inner
-        frame = next(f for f in DENOUNCE_FRAMES if ex.text in (f.format(inner), f.format(clause)))
+        clause = inner[0].lower() + inner[1:]
+        quoted = f'"{inner}"' in ex.text
+        frame = ex.text.replace(f'"{inner}"', '"{}"', 1) if quoted else ex.text.replace(clause, "{}", 1)
+        assert frame in templates, ex.text  # the copy is the row inside one template of the grammar
+        pairs.append((base, ex))
         frames.add(frame)
-    assert len(frames) >= 6  # the frame varies with the row
+    return pairs, frames
+
+
+def test_denounce_quotes_positive_rows_in_counter_speech_with_the_views_label():
+    pairs, frames = _framed_copies({"transforms": ["denounce"], "rate": 1.0, "min_label": 0.5, "label": 0.0},
+                                   "against")
+    assert len(pairs) == 200 and all(base.label >= 0.5 and ex.label == 0.0 for base, ex in pairs)
+    assert len(frames) >= 180  # 200 rows: almost every copy has its own wording
     assert denounce('He said "x" loudly.', "k") == denounce('He said "x" loudly.', "k")  # a pure function of the key
     assert "\"x\"" not in denounce('He said "x" loudly.', "k")  # inner quotes cannot close the frame's quote
 
 
-def test_denounce_frames_share_no_wording_with_the_functional_cases():
-    """The counter-speech frames are for training; the functional cases that measure counter-speech must not
-    contain any frame's fixed text (3+ word runs), or the measurement would be of memorised wording."""
-    cases = [json.loads(line)["text"].lower() for line in
+def test_endorse_uses_the_same_lead_ins_and_keeps_the_label():
+    pairs, frames = _framed_copies({"transforms": ["endorse"], "rate": 1.0, "min_label": 0.5}, "for")
+    assert len(pairs) == 200 and all(ex.label == base.label == 1.0 for base, ex in pairs)  # the hateful label stays
+    assert len(frames) >= 180
+    assert not frames & set(counter_speech_frames("against"))  # an approving frame is never a rejecting one
+    # every pattern offers both stances exactly the same wording up to the text: the lead-in never decides the label
+    for name, _, _ in CS_PATTERNS:
+        against, approving = (sorted({f.split("{}")[0] for f in counter_speech_frames(s, name)}) for s in STANCES)
+        if name.startswith("stance first"):
+            assert not set(against) & set(approving)  # here the stance is the lead-in
+        else:
+            assert against == approving
+
+
+def test_the_counter_speech_grammar_is_varied_and_deterministic():
+    sizes = {s: sum(1 for _ in counter_speech_frames(s)) for s in STANCES}
+    assert all(n >= 20_000 for n in sizes.values()), sizes  # no surface wording to memorise
+    text = "Those people are a drain on everyone around them."
+    copies = [denounce(text, f"key{i}") for i in range(2000)]
+    assert len(set(copies)) >= 1500  # the small patterns (a quotation as the subject) repeat, the rest hardly
+    assert copies == [denounce(text, f"key{i}") for i in range(2000)]
+    assert all(denounce(text, f"key{i}") != endorse(text, f"key{i}") for i in range(200))
+    # the stance follows the text in most copies (a causal model must read past the text to see it)
+    leads = tuple(f.split("{}")[0] for f in counter_speech_frames("against", "stance first"))
+    first = sum(c.startswith(leads) for c in copies)
+    assert 0.05 * len(copies) <= first <= 0.25 * len(copies)
+    # a text in the first person is quoted, never reported as a clause ("claimed that I ...")
+    assert all('"I am sick of it"' in denounce("I am sick of it.", f"key{i}") for i in range(300))
+    # a long text is cut so that the stance after it survives the token limit
+    long = " ".join(f"w{i}" for i in range(3 * CS_MAX_WORDS))
+    cut = denounce(long, "k")
+    assert f"w{CS_MAX_WORDS - 1} ..." in cut and f"w{CS_MAX_WORDS}" not in cut
+
+
+def _word_runs(text: str, n: int = 3) -> set[str]:
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    return {" ".join(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def test_counter_speech_grammar_shares_no_wording_with_the_functional_cases():
+    """The counter-speech grammar is for training; the functional cases that measure counter-speech must not contain
+    any of its fixed text (3+ word runs, within a piece or across two), or the measurement would be of memorised
+    wording. Every template of both stances is enumerated."""
+    cases = [json.loads(line)["text"] for line in
              (Path(__file__).resolve().parents[1] / "functional" / "toxicity.jsonl").read_text().splitlines() if line]
-    for frame in DENOUNCE_FRAMES:
-        for part in frame.lower().split("{}"):
-            words = part.replace('"', " ").replace(".", " ").replace(",", " ").split()
-            for i in range(len(words) - 2):
-                run = " ".join(words[i:i + 3])
-                assert not any(run in " ".join(c.replace(".", " ").replace(",", " ").split()) for c in cases), run
+    case_runs = set().union(*(_word_runs(c) for c in cases))
+    assert _word_runs(cases[0]) <= case_runs and len(case_runs) > 500  # the check sees every case's runs
+    shared = {}
+    for stance in STANCES:
+        for frame in counter_speech_frames(stance):
+            for part in frame.split("{}"):
+                for run in _word_runs(part) & case_runs:
+                    shared.setdefault(run, frame)
+    assert not shared, shared
 
 
 def test_a_copy_that_does_not_change_is_not_added():
