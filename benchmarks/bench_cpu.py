@@ -190,6 +190,9 @@ def main() -> None:
                     record("steerkit (compiled)" if compiled else "steerkit (eager)", weights, steering, batch,
                            lambda: engine_run(hf, rewards, args.tokens, prompts, batch, compile=compiled,
                                               dtype=dtype))
+            for backend in REWARD_BACKENDS[:1] if rewards else ():  # the compiled LM with int8 onnxruntime rewards
+                record("steerkit (compiled)", "F32 (transformers)", f"{steering} ({backend})", batch,
+                       lambda: engine_run(hf, rewards, args.tokens, prompts, batch, backend, compile=True))
     for row in rows:
         plain = next((r for r in rows if r["engine"] == row["engine"] and r["weights"] == row["weights"]
                       and r["batch"] == row["batch"] and r["steering"] == "plain"), None)
@@ -204,7 +207,7 @@ def main() -> None:
                        and r["weights"] == same_precision[row["weights"]])
             row["vs_llama_cpp_same_precision_plain"] = round(row["ms_per_token"] / ref["ms_per_token"], 2)
     for row in rows:  # greedy texts a compiled row shares with the same eager row
-        if row["engine"] == "steerkit (compiled)":
+        if row["engine"] == "steerkit (compiled)" and "(" not in row["steering"]:
             eager = next(r for r in rows if r["engine"] == "steerkit (eager)" and r["weights"] == row["weights"]
                          and r["steering"] == row["steering"] and r["batch"] == row["batch"])
             row["same_texts_as_eager"] = f"{sum(a == b for a, b in zip(row['texts'], eager['texts']))}/{len(row['texts'])}"

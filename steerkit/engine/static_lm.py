@@ -49,7 +49,7 @@ MIN_WIDTH = 128
 #: between inductor's C++ GEMM template and ATen's (MKL) kernel.
 #: (The autotuner's table of timings per product is not printed: steerkit prints one line per shape.)
 COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-                   "autotune_num_choices_displayed": 0}
+                   "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 _COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its compiled forward
 _SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> shapes compiled in this process
