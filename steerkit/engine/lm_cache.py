@@ -23,6 +23,12 @@ class Prefilled:
         self.cache, self.length, self.logits = cache, length, logits
 
 
+def first_used_column(mask: torch.Tensor, default: int = 0) -> int:
+    """The first column of ``mask`` [B, T] that some row uses (``default`` when none does): one host read."""
+    used = mask.bool().any(0).nonzero()
+    return int(used[0].item()) if len(used) else default
+
+
 def _pad_left(t: torch.Tensor, columns: int) -> torch.Tensor:
     return torch.nn.functional.pad(t, (0, 0, columns, 0)) if columns else t
 
@@ -136,8 +142,7 @@ class LMBatch:
             return
         index = index.to(self.device)
         mask = self.mask.index_select(0, index)
-        used = mask.bool().any(0)
-        start = int(used.nonzero()[0].item())
+        start = first_used_column(mask)
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(0, index)[:, :, start:]
             layer.values = layer.values.index_select(0, index)[:, :, start:]

@@ -30,17 +30,16 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 import warnings
-import weakref
 
 import torch
 import torch._inductor.config
 
 from ..errors import InvalidArgumentError
 from ..hf_compat import cache_kwargs, set_static_write_column, static_cache
-from .lm_cache import LMBatch, Prefilled
+from ..model_copies import converted_copy
+from .lm_cache import LMBatch, Prefilled, first_used_column
 
 #: The narrowest width a static batch allocates (tokens a row may hold before the width doubles).
 MIN_WIDTH = 128
@@ -51,9 +50,7 @@ MIN_WIDTH = 128
 COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
-_COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> its compiled forward
-_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> shapes compiled in this process
-_LOCK = threading.Lock()
+
 
 
 def bucket(n: int, smallest: int = 1) -> int:
@@ -87,23 +84,28 @@ def _raise_recompile_limit(limit: int = 64) -> None:
             setattr(dynamo, name, max(getattr(dynamo, name), limit))
 
 
-def compiled_forward(model):
-    """``model.forward`` compiled for the static step, once per model and process."""
-    with _LOCK:
-        fn = _COMPILED.get(model)
-        if fn is None:
-            with warnings.catch_warnings():  # torch 2.13's inductor imports its own deprecated torch.jit.script_method
-                warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated",
-                                        category=DeprecationWarning)
-                import torch._inductor.compile_fx  # noqa: F401
-            inductor_cache_dir()
-            _raise_recompile_limit()
-            if next(model.parameters()).device.type == "cuda":  # CUDA graphs of the same static step
-                fn = torch.compile(model.forward, dynamic=False, mode="reduce-overhead")
-            else:  # the options are read when a shape compiles, which is inside a call: see StaticLMBatch._call
-                fn = torch.compile(model.forward, dynamic=False)
-            _COMPILED[model] = fn
-        return fn
+class CompiledStep:
+    """``model.forward`` compiled for the static step (``fn``), and the shapes this process has compiled it for."""
+
+    def __init__(self, model):
+        with warnings.catch_warnings():  # torch 2.13's inductor imports its own deprecated torch.jit.script_method
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated",
+                                    category=DeprecationWarning)
+            import torch._inductor.compile_fx  # noqa: F401
+        inductor_cache_dir()
+        _raise_recompile_limit()
+        self.cuda = next(model.parameters()).device.type == "cuda"
+        if self.cuda:  # CUDA graphs of the same static step
+            self.fn = torch.compile(model.forward, dynamic=False, mode="reduce-overhead")
+        else:  # the options are read when a shape compiles, which is inside a call: StaticLMBatch._compiled_call
+            self.fn = torch.compile(model.forward, dynamic=False)
+        self.options = {} if self.cuda else COMPILE_OPTIONS
+        self.shapes: set[tuple[int, int]] = set()
+
+
+def compiled_step(model) -> CompiledStep:
+    """The :class:`CompiledStep` of ``model``, made once per model object and process."""
+    return converted_copy(model, "compiled static step", CompiledStep)
 
 
 class StaticLM:
@@ -120,8 +122,6 @@ class StaticLM:
     def make_batch(self) -> "StaticLMBatch":
         return StaticLMBatch(self)
 
-    def step_function(self):
-        return compiled_forward(self.model) if self.compiled else self.model.forward
 
     def __getattr__(self, name):
         return getattr(self.__dict__["model"], name)
@@ -155,6 +155,7 @@ class StaticLMBatch(LMBatch):
         self.lm = lm
         self.reserved = 0
         super().__init__(lm.model)
+        self.compiled = compiled_step(lm.model) if lm.compiled else None
 
     def reset(self) -> None:
         super().reset()
@@ -179,7 +180,7 @@ class StaticLMBatch(LMBatch):
         """Compile (or load from the disk cache) the step of every row bucket up to ``max_rows`` at the narrowest
         width, now: the server calls this before it accepts requests, so that its first batches do not wait on a
         compilation. A row that outgrows the narrowest width still compiles its wider shape when it gets there."""
-        if not self.lm.compiled or self.rows:
+        if self.compiled is None or self.rows:
             return
         self._read_kv_shape(self.prefill([token_id]).cache)
         slots = 1
@@ -204,15 +205,18 @@ class StaticLMBatch(LMBatch):
         self.mask = torch.ones((slots, width), dtype=torch.long, device=self.device)  # padded rows: all columns
         self.pos = torch.zeros(slots, dtype=torch.long, device=self.device)
 
+    def _shape(self, rows: int, t: int) -> tuple[int, int]:
+        """The (slots, width) bucket of ``rows`` rows whose next write is column ``t`` (or the reserved length)."""
+        return bucket(rows), bucket(max(t, self.reserved) + 1, MIN_WIDTH)
+
     def _relayout(self, rows: int, t: int, index: torch.Tensor | None = None, shift: int = 0) -> None:
-        """Move to a ``bucket(rows)``-slot layout whose width holds column ``t`` (the next write), keeping the rows
-        ``index`` (all: None) with their columns moved right by ``shift`` (left if negative)."""
-        slots = bucket(rows)
-        width = bucket(max(t + 1, self.reserved + 1 if self.reserved else 0), MIN_WIDTH)
+        """Move to the layout :meth:`_shape` gives, keeping the rows ``index`` (all: None) with their columns moved
+        right by ``shift`` (left if negative)."""
+        shape = self._shape(rows, t)
         old, old_mask, old_pos, old_t = self.static, self.mask, self.pos, self.t
         keep = torch.arange(self.rows, device=self.device) if index is None else index.to(self.device)
-        if (slots, width) != (self.slots, self.width) or old is None:
-            self._allocate(slots, width)
+        if shape != (self.slots, self.width) or old is None:
+            self._allocate(*shape)
         else:
             self.mask, self.pos = self.mask.clone(), self.pos.clone()
         n = len(keep)
@@ -231,13 +235,13 @@ class StaticLMBatch(LMBatch):
             self.pos[:n] = old_pos.index_select(0, keep)
             self.pos[n:] = 0
         self.rows, self.t = n, t
+        set_static_write_column(self.static, t)
 
     def _room(self) -> None:
         """Make column ``t`` writable: crop the columns no row uses, else double the width."""
         if self.t < self.width:
             return
-        used = self.mask[:self.rows].bool().any(0).nonzero()
-        start = int(used[0].item()) if len(used) else self.t
+        start = first_used_column(self.mask[:self.rows], default=self.t)
         self._relayout(self.rows, self.t - start, shift=-start)
 
     def _load_rows(self, first: int, caches: list, lengths: list[int]) -> None:
@@ -271,9 +275,9 @@ class StaticLMBatch(LMBatch):
         dynamic, mask, pos, logits = self.cache, self.mask, self.pos, self.logits
         self._read_kv_shape(dynamic)
         rows, width = mask.shape
-        self.static, self.rows, self.t = None, 0, 0
-        self._relayout(rows, width)
-        self.rows = rows
+        self._allocate(*self._shape(rows, width))
+        self.rows, self.t = rows, width
+        set_static_write_column(self.static, width)
         for layer, src in zip(self._layers(), dynamic.layers):
             layer.keys[:rows, :, :width] = src.keys
             layer.values[:rows, :, :width] = src.values
@@ -303,8 +307,7 @@ class StaticLMBatch(LMBatch):
             self.reset()
             return
         index = index.to(self.device)
-        used = self.mask.index_select(0, index).bool().any(0).nonzero()
-        start = int(used[0].item())
+        start = first_used_column(self.mask.index_select(0, index))
         self._relayout(len(index), self.t - start, index=index, shift=-start)
         self.logits = self.logits.index_select(0, index)
 
@@ -316,34 +319,32 @@ class StaticLMBatch(LMBatch):
         ids = torch.zeros((self.slots, 1), dtype=torch.long, device=self.device)
         ids[:rows, 0] = tokens.to(self.device)
         self.mask[:rows, t] = 1
-        set_static_write_column(self.static, t)
-        step = self.lm.step_function()
+        # the cache writes at column t: each layer's write position is t already (set when the layout last moved,
+        # then advanced by every step's write); transformers releases that read cache_position instead get it here
         kwargs = dict(input_ids=ids, attention_mask=self.mask, position_ids=self.pos[:, None],
                       cache_position=torch.tensor([t], device=self.device), use_cache=True,
                       **cache_kwargs(self.model, self.static))
-        out = self._compiled_call(step, kwargs) if self.lm.compiled else step(**kwargs)
+        out = self.model(**kwargs) if self.compiled is None else self._compiled_call(kwargs)
         self.t = t + 1
         self.pos[:rows] += 1
         self.logits = out.logits[:rows, -1, :].float()
 
-    def _compiled_call(self, step, kwargs):
-        """Call the compiled step with :data:`COMPILE_OPTIONS` in force (inductor reads its global configuration
-        when a shape compiles; passed as ``torch.compile(options=...)`` they did not freeze the weights). A shape
-        this process has not run yet compiles here, between two lines on stderr."""
-        options = {} if self.device.type == "cuda" else COMPILE_OPTIONS
-        shape = (self.slots, self.width)
-        seen = _SHAPES.setdefault(self.model, set())
-        if shape in seen:
-            with torch._inductor.config.patch(options):
-                return step(**kwargs)
+    def _compiled_call(self, kwargs):
+        """Call the compiled step with its inductor options in force (inductor reads its global configuration when
+        a shape compiles; passed as ``torch.compile(options=...)`` they did not freeze the weights). A shape this
+        process has not run yet compiles here, between two lines on stderr."""
+        step, shape = self.compiled, (self.slots, self.width)
+        if shape in step.shapes:
+            with torch._inductor.config.patch(step.options):
+                return step.fn(**kwargs)
         print(f"steerkit: compiling the decode step for {shape[0]} row(s) x {shape[1]} tokens (once per shape; "
               f"cached in {inductor_cache_dir()})", file=sys.stderr, flush=True)
         start = time.perf_counter()
         with warnings.catch_warnings():
             # inductor's autotuner reads a tensor's TypedStorage, which torch itself deprecates
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
-            with torch._inductor.config.patch(options):
-                out = step(**kwargs)
-        seen.add(shape)
+            with torch._inductor.config.patch(step.options):
+                out = step.fn(**kwargs)
+        step.shapes.add(shape)
         print(f"steerkit: compiled in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         return out
