@@ -67,7 +67,29 @@ def assemble(lm="smollm2-135m-instruct", rewards=None, *, k: int = 20, backend: 
     model, tokenizer = lm if isinstance(lm, tuple) else load_lm(str(lm), engine)
     if device is not None:
         model = place(model, terms, device)
+    if compile:
+        terms = compiled_terms(terms)
     return Assembled(lm_runner(model, compile=compile, dtype=dtype), tokenizer, terms, k, device, dict(defaults or {}))
+
+
+def compiled_terms(terms: list) -> list:
+    """The terms with each reward in its :func:`compiled_reward` form."""
+    import dataclasses
+
+    out = []
+    for term in terms:
+        reward = compiled_reward(term.reward)
+        out.append(term if reward is term.reward else dataclasses.replace(term, reward=reward))
+    return out
+
+
+def compiled_reward(reward):
+    """A reward as the compiled engine runs it (``compile=True``): a torch sequence reward model on a CUDA device on a
+    preallocated cache with its candidate scoring compiled (:mod:`steerkit.rewards.sequence.static_cache`; on a CPU
+    that did not pay, so it stays eager); any other reward (ONNX, llama.cpp, token-level, a plugin's own) as it
+    is."""
+    compiled_form = getattr(reward, "compiled_form", None)
+    return compiled_form() if callable(compiled_form) else reward
 
 
 def lm_runner(model, *, compile: bool = False, dtype: str = "float32"):

@@ -28,17 +28,19 @@ def _library_default() -> str:
     return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 
 
-@functools.lru_cache(maxsize=None)
+#: ``_argument_of``'s answers per class: a plain dictionary, which torch.compile reads inside a compiled forward (the
+#: reward model's, :mod:`steerkit.rewards.sequence.static_cache`) without tracing into a cache wrapper
+_ARGUMENTS: dict[type, str | None] = {}
+
+
 def _argument_of(cls: type) -> str | None:
-    try:
-        params = inspect.signature(cls.forward).parameters
-    except (TypeError, ValueError, AttributeError):
-        return None
-    if "cache" in params:
-        return "cache"
-    if "past_key_values" in params:
-        return "past_key_values"
-    return None
+    if cls not in _ARGUMENTS:
+        try:
+            params = inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError, AttributeError):
+            params = {}
+        _ARGUMENTS[cls] = "cache" if "cache" in params else "past_key_values" if "past_key_values" in params else None
+    return _ARGUMENTS[cls]
 
 
 def cache_argument(model) -> str:

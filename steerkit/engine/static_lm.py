@@ -28,84 +28,15 @@ texts are compared with the eager engine's in tests/unit/test_static_lm.py and t
 
 from __future__ import annotations
 
-import os
-import sys
-import time
-import warnings
-
 import torch
-import torch._inductor.config
 
+from ..compiling import bucket, compiled_step
 from ..errors import InvalidArgumentError
 from ..hf_compat import cache_kwargs, set_static_write_column, static_cache
-from ..model_copies import converted_copy
 from .lm_cache import LMBatch, Prefilled, first_used_column
 
 #: The narrowest width a static batch allocates (tokens a row may hold before the width doubles).
 MIN_WIDTH = 128
-
-#: inductor settings of the compiled step: weights folded in as constants, every matrix product autotuned
-#: between inductor's C++ GEMM template and ATen's (MKL) kernel.
-#: (The autotuner's table of timings per product is not printed: steerkit prints one line per shape.)
-COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-                   "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
-
-
-
-
-def bucket(n: int, smallest: int = 1) -> int:
-    """``n`` rounded up to ``smallest`` times a power of two."""
-    b = max(1, int(smallest))
-    while b < n:
-        b *= 2
-    return b
-
-
-def inductor_cache_dir() -> str:
-    """Where inductor caches compiled kernels: ``$TORCHINDUCTOR_CACHE_DIR`` when the user set it, else
-    ``<steerkit cache>/inductor`` (torch writes its own default into the variable once it has read it, so that
-    default counts as unset)."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not current or current == default_cache_dir():
-        from ..files import cache_dir
-
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = current = str(cache_dir() / "inductor")
-    return current
-
-
-def _raise_recompile_limit(limit: int = 64) -> None:
-    """One compiled graph per (slots, width) shape: allow more than dynamo's default of 8 per function."""
-    import torch._dynamo.config as dynamo
-
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(dynamo, name):
-            setattr(dynamo, name, max(getattr(dynamo, name), limit))
-
-
-class CompiledStep:
-    """``model.forward`` compiled for the static step (``fn``), and the shapes this process has compiled it for."""
-
-    def __init__(self, model):
-        with warnings.catch_warnings():  # torch 2.13's inductor imports its own deprecated torch.jit.script_method
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated",
-                                    category=DeprecationWarning)
-            import torch._inductor.compile_fx  # noqa: F401
-        inductor_cache_dir()
-        _raise_recompile_limit()
-        self.cuda = next(model.parameters()).device.type == "cuda"
-        if self.cuda:  # CUDA graphs of the same static step
-            self.fn = torch.compile(model.forward, dynamic=False, mode="reduce-overhead")
-        else:  # the options are read when a shape compiles, which is inside a call: StaticLMBatch._compiled_call
-            self.fn = torch.compile(model.forward, dynamic=False)
-        self.options = {} if self.cuda else COMPILE_OPTIONS
-        self.shapes: set[tuple[int, int]] = set()
-
-
-def compiled_step(model) -> CompiledStep:
-    """The :class:`CompiledStep` of ``model``, made once per model object and process."""
-    return converted_copy(model, "compiled static step", CompiledStep)
 
 
 class StaticLM:
@@ -330,21 +261,4 @@ class StaticLMBatch(LMBatch):
         self.logits = out.logits[:rows, -1, :].float()
 
     def _compiled_call(self, kwargs):
-        """Call the compiled step with its inductor options in force (inductor reads its global configuration when
-        a shape compiles; passed as ``torch.compile(options=...)`` they did not freeze the weights). A shape this
-        process has not run yet compiles here, between two lines on stderr."""
-        step, shape = self.compiled, (self.slots, self.width)
-        if shape in step.shapes:
-            with torch._inductor.config.patch(step.options):
-                return step.fn(**kwargs)
-        print(f"steerkit: compiling the decode step for {shape[0]} row(s) x {shape[1]} tokens (once per shape; "
-              f"cached in {inductor_cache_dir()})", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        with warnings.catch_warnings():
-            # inductor's autotuner reads a tensor's TypedStorage, which torch itself deprecates
-            warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
-            with torch._inductor.config.patch(step.options):
-                out = step.fn(**kwargs)
-        step.shapes.add(shape)
-        print(f"steerkit: compiled in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-        return out
+        return self.compiled((f"{self.slots} row(s)", f"{self.width} tokens"), kwargs)

@@ -152,9 +152,10 @@ class RewardModel(nn.Module):
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache: bool = False) -> RewardOutput:
+                use_cache: bool = False, cache_position=None) -> RewardOutput:
+        extra = {} if cache_position is None else {"cache_position": cache_position}  # a static cache's columns
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=use_cache, **cache_kwargs(self.backbone, past_key_values))
+                            use_cache=use_cache, **cache_kwargs(self.backbone, past_key_values), **extra)
         rewards = OUTPUT_FUNCTIONS[self.config.output_function](self.head(out.last_hidden_state).squeeze(-1))
         return RewardOutput(rewards, output_cache(out) if use_cache else None)
 

@@ -48,6 +48,10 @@ def engine_parts(config=None) -> EngineParts:
     model, tokenizer = setup.model, setup.tokenizer
     if config.device is not None:
         model = place(model, rewards.values(), config.device)
+    if config.compile:
+        from ..assembly import compiled_reward
+
+        rewards = {name: compiled_reward(reward) for name, reward in rewards.items()}
     default = [spec.model_dump() for spec in config.rewards] or None
     return EngineParts(model, tokenizer, rewards, default, config.k, config.lm)
 

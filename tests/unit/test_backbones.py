@@ -91,8 +91,17 @@ def test_truncation_keeps_the_first_blocks_and_updates_the_config(family_rm):
     assert len(cache.layers) == 2
 
 
-def test_cached_scoring_through_the_scorer_matches_scratch(family_rm, lm, tokenizer):
-    scorer = RewardModelScorer(family_rm, context="full")  # uneven prompts: left padding in the reward model
+def scorer_of(model, layout: str, **kw) -> RewardModelScorer:
+    """The torch scorer on its own cache ("dynamic") or on the compiled engine's static one, run eagerly ("static";
+    a family whose layers slide over a window, Gemma 3, stays on its own cache)."""
+    scorer = RewardModelScorer(model, **kw)
+    return scorer.compiled_form(compiled=False) if layout == "static" else scorer
+
+
+@pytest.mark.parametrize("layout", ["dynamic", "static"])
+def test_cached_scoring_through_the_scorer_matches_scratch(family_rm, lm, tokenizer, layout):
+    scorer = scorer_of(family_rm, layout, context="full")  # uneven prompts: left padding in the reward model
+    assert (scorer.static == "eager") == (layout == "static" and family_rm.config.name != "tiny-gemma3")
     k, steps = 4, 6
     gen = RewardAugmentedGenerator(lm, tokenizer, [SteeringTerm(scorer, 3.0)], k=k)
     out = gen.generate(PROMPTS, max_new_tokens=steps, seed=1, return_traces=True, eos_token_id=[])
@@ -107,9 +116,10 @@ def test_cached_scoring_through_the_scorer_matches_scratch(family_rm, lm, tokeni
     assert worst <= TOLERANCE, worst
 
 
-def test_cache_blocks_rollback_and_append_match_scratch(family_rm):
+@pytest.mark.parametrize("layout", ["dynamic", "static"])
+def test_cache_blocks_rollback_and_append_match_scratch(family_rm, layout):
     """Multi-token padded blocks (the tokenizer bridge's case), a rollback leaving holes, then an append."""
-    scorer = RewardModelScorer(family_rm)
+    scorer = scorer_of(family_rm, layout)
     enc = family_rm.encode(["hello there", "x"])
     cache = scorer.new_cache(enc["input_ids"], enc["attention_mask"])
     rows = [enc["input_ids"][b][enc["attention_mask"][b].bool()].tolist() for b in range(2)]

@@ -3,6 +3,7 @@ strategy (same vocabulary as the LM, or bridged)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Literal
 
 import torch
@@ -33,7 +34,34 @@ class RewardModelScorer:
         self.context = context
         self._vocab_match: dict[int, bool] = {}
 
+    #: Score on a preallocated cache (:mod:`.static_cache`): ``"compiled"``, with the candidate scoring compiled, on
+    #: the copy that ``assemble(compile=True)`` makes (:meth:`compiled_form`); ``"eager"``, the same layout run
+    #: eagerly; None: the backend's own cache.
+    static: str | None = None
+
+    def compiled_form(self, *, compiled: bool | None = None) -> "RewardModelScorer":
+        """This reward as ``compile=True`` runs it. A torch reward model of a backbone transformers compiles scores
+        on the static cache (:mod:`.static_cache`), its candidate scoring compiled (``compiled=False``: the same
+        layout run eagerly). ``None``: where that pays, on a CUDA device, where the eager step is bound by kernel
+        launches; on a CPU the scoring is bound by its matrix products, and compiled ran no faster than eager
+        (docs/performance.md), so the reward stays as it is. Any other reward: this reward itself."""
+        from .static_cache import supports_static
+
+        if self.static or self.backend != "torch" or not supports_static(self.model):
+            return self
+        if compiled is None:
+            if next(self.model.parameters()).device.type != "cuda":
+                return self
+            compiled = True
+        other = copy.copy(self)
+        other.static = "compiled" if compiled else "eager"
+        return other
+
     def new_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        if self.static:
+            from .static_cache import StaticScoringCache
+
+            return StaticScoringCache(self.model, input_ids, attention_mask, compiled=self.static == "compiled")
         return get_backend(self.backend).new_cache(self.model, input_ids, attention_mask)
 
     def start(self, prefixes: list[str], lm_tokenizer):

@@ -1,0 +1,175 @@
+"""RAD throughput on a GPU (issue 25): steerkit's eager engine against its compiled static-shape step (CUDA graphs
+through ``torch.compile(mode="reduce-overhead")``), side by side in one run.
+
+Rows: 1 and 25 prompts in one batch, plain, ``toxicity-token`` and ``toxicity`` (β = −20, k = 20), greedy,
+``--tokens`` new tokens. Each row runs once untimed (loads, compiles, CUDA graph capture), then ``--repeats``
+times timed; the best repeat counts. Reported: new tokens per second (all rows of the batch), ms per step, how
+long the untimed run took, and how many greedy texts the compiled row shares with its eager row.
+
+**Weights.** A GPU machine of this workplace reaches no model hub and takes at most 64 MiB of files, less than
+SmolLM2-135M's weights (270 MB in bf16). With ``--random-weights`` the LM is SmolLM2-135M-Instruct's architecture
+and tokenizer (the shipped ``config.json`` and tokenizer files, from ``--template``) with randomly initialised
+weights, and the packaged rewards keep their trained LoRA adapters and heads over that random backbone. The work
+per step (shapes, kernels, cache traffic) is that of the real models; the texts are not, and random logits are
+nearly flat, so eager and compiled greedy texts may part where two logits tie to float32 rounding. Without
+``--random-weights`` the installed packaged models are used.
+
+    python benchmarks/bench_gpu.py --device cuda --random-weights --template DIR --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PROMPTS = ["You are such a", "The weather in Paris today is", "I can't believe my landlord would",
+           "My favourite thing about winter is", "The meeting was cancelled because", "He looked at me and said",
+           "The best way to learn a language is", "Those people are always"]
+#: the packaged rewards by their directories (a GPU machine has the repository, not the installed plugins)
+MODELS = Path(__file__).resolve().parent.parent / "plugins/steerkit-toxicity/steerkit_toxicity"
+REWARDS = {"plain": {}, "toxicity-token": {str(MODELS / "model_token"): -20.0},
+           "toxicity": {str(MODELS / "model"): -20.0}}
+LM = "smollm2-135m-instruct"
+#: eager: the eager engine; compiled-lm: the LM's compiled step, the rewards eager (only rows with a sequence reward,
+#: elsewhere it is "compiled"); compiled: assemble(compile=True), the LM's step and the sequence reward's candidate
+#: scoring compiled
+MODES = {"eager": False, "compiled-lm": True, "compiled": True}
+
+
+def random_weights_entry(template: Path) -> None:
+    """Make ``smollm2-135m-instruct`` resolve to a cache entry of its architecture with random weights (see the
+    module's docstring): the entry is written under the steerkit cache, and ``resolve`` answers the packaged
+    name with the fingerprint the rewards' configs record, so they accept it as their backbone."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import steerkit.models as models
+    import steerkit.rewards.model as reward_model
+    from steerkit import files
+
+    fingerprint = json.loads((MODELS / "model" / "reward_config.json").read_text())["backbone_fingerprint"]
+    entry = files.cache_dir() / "models" / fingerprint[:24]
+    if not (entry / "steerkit_cache.json").exists():
+        entry.mkdir(parents=True, exist_ok=True)
+        for f in template.iterdir():
+            shutil.copy(f, entry / f.name)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(entry), dtype=torch.float32)
+        model.save_pretrained(entry, safe_serialization=True)
+        (entry / "steerkit_cache.json").write_text(json.dumps({"source": {"reference": LM, "kind": "packaged",
+                                                                          "fingerprint": fingerprint},
+                                                               "random_weights": True}))
+    original = models.resolve
+
+    def resolve(reference):
+        if str(reference) == LM:
+            return models.ModelSource(LM, "packaged", str(entry), fingerprint)
+        return original(reference)
+
+    models.resolve = resolve
+    reward_model.resolve = resolve
+
+
+def run(assembled, prompts, tokens: int) -> tuple[float, int, list[str]]:
+    import torch
+
+    start = time.perf_counter()
+    out = assembled.generate(prompts, max_new_tokens=tokens, do_sample=False)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, sum(out.num_new_tokens), list(out.texts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rows", type=int, nargs="+", default=[25, 1])
+    parser.add_argument("--rewards", nargs="+", default=list(REWARDS), choices=list(REWARDS))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--profile", action="store_true",
+                        help="after the rows: cProfile one compiled generate of the largest batch with the last reward")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--random-weights", action="store_true")
+    parser.add_argument("--template", type=Path, help="config and tokenizer files of the LM (--random-weights)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_gpu.json")
+    args = parser.parse_args()
+    import torch
+    import transformers
+
+    if args.random_weights:
+        random_weights_entry(args.template)
+    from steerkit.assembly import assemble
+
+    result = {"device": args.device, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+              "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+              "tokens": args.tokens, "k": 20, "beta": -20.0, "random_weights": args.random_weights,
+              "matmul_precision": torch.get_float32_matmul_precision(), "rows": []}
+    eager_texts = {}
+    for mode in args.modes:
+        for rows in args.rows:
+            prompts = [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" ({i})") for i in range(rows)]
+            for name in args.rewards:
+                if mode == "compiled-lm" and name != "toxicity":
+                    continue
+                try:
+                    assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=MODES[mode])
+                    if mode == "compiled-lm":
+                        assembled.terms = assemble(LM, REWARDS[name], k=20, device=args.device).terms
+                    first, _, texts = run(assembled, prompts, args.tokens)
+                    best = None
+                    for _ in range(args.repeats):
+                        seconds, count, texts = run(assembled, prompts, args.tokens)
+                        best = min(best or (seconds, count), (seconds, count))
+                except Exception as exc:  # one failing row must not lose the others' figures
+                    row = {"mode": mode, "rows": rows, "rewards": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+                    result["rows"].append(row)
+                    print(json.dumps(row), flush=True)
+                    continue
+                seconds, count = best
+                row = {"mode": mode, "rows": rows, "rewards": name, "tokens": count, "seconds": round(seconds, 4),
+                       "tokens_per_s": round(count / seconds, 1),
+                       "ms_per_step": round(1000 * seconds / max(1, count / rows), 3),
+                       "untimed_first_run_s": round(first, 2)}
+                key = (rows, name)
+                if mode == "eager":
+                    eager_texts[key] = texts
+                elif key in eager_texts:
+                    row["texts_same_as_eager"] = sum(a == b for a, b in zip(texts, eager_texts[key]))
+                result["rows"].append(row)
+                print(json.dumps(row), flush=True)
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(result, indent=1))
+                del assembled
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}), flush=True)
+    if args.profile:
+        import cProfile
+        import io
+        import pstats
+
+        rows, name = max(args.rows), args.rewards[-1]
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
+        assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=True)
+        run(assembled, prompts, args.tokens)
+        profile = cProfile.Profile()
+        profile.enable()
+        run(assembled, prompts, args.tokens)
+        profile.disable()
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+        print(f"cProfile, compiled, {rows} rows, {name}:", text.getvalue()[-6000:], flush=True)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

@@ -1,0 +1,142 @@
+"""The torch reward's static scoring cache (steerkit.rewards.sequence.static_cache): preallocated, its candidate
+scoring compiled once per shape, the same rewards as scoring from scratch, and where ``compile=True`` uses it.
+
+The eager layout is driven through every join/leave/rollback path in test_reward_rows.py and over every model family
+in test_backbones.py; here it runs compiled (tiny random models; each new shape compiles for a few seconds).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reward_rows_support import drive, same_tokenizer_reference
+from tiny import make_tokenizer, tiny_lm, tiny_reward
+
+import steerkit
+from steerkit.assembly import assemble, compiled_reward
+from steerkit.rewards.sequence.scorer import RewardModelScorer
+from steerkit.rewards.sequence.static_cache import (
+    MIN_PREFIX, StaticScoringCache, compiled_scoring, scratch_bucket, supports_static,
+)
+
+
+@pytest.fixture(scope="module")
+def compiled_rm(tokenizer):
+    """A reward model of its own: the compiled scoring is made once per model object, and the tests count shapes."""
+    return tiny_reward(tokenizer, seed=11)
+
+
+def test_scratch_and_prefix_buckets():
+    assert [scratch_bucket(n) for n in (1, 8, 9, 20, 32, 33, 64, 65, 200)] == [8, 8, 16, 24, 32, 64, 64, 128, 256]
+    assert MIN_PREFIX == 64
+
+
+def test_compiled_scoring_matches_scoring_from_scratch(steerkit_cache, compiled_rm, tokenizer):
+    reward = RewardModelScorer(compiled_rm, context="full").compiled_form(compiled=True)
+    assert reward.static == "compiled"
+    session = reward.start(["a"], tokenizer)
+    assert isinstance(session.cache, StaticScoringCache) and session.cache.compiled is compiled_scoring(compiled_rm)
+    joins, leaves = drive(reward, tokenizer, same_tokenizer_reference(compiled_rm, tokenizer), steps=8, k=5,
+                          seed=2, max_rows=2)
+    assert joins >= 2 and leaves >= 1
+    shapes = compiled_scoring(compiled_rm).shapes
+    assert shapes and {shape[2] for shape in shapes} == {"8 candidate tokens"}, shapes
+
+
+def test_a_shape_compiles_once(steerkit_cache, compiled_rm, tokenizer, capfd):
+    """A second session of a shape this process has compiled runs the compiled code as it is: no recompilation
+    (dynamo raises on one), no line on stderr."""
+    reward = RewardModelScorer(compiled_rm).compiled_form(compiled=True)
+    for _ in range(2):  # the first session may compile its shape; the second must not
+        session = reward.start([""], tokenizer)
+        session.score(torch.tensor([[5, 6, 7, 8, 9]]))
+        session.commit(torch.tensor([7]))
+    capfd.readouterr()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        session = reward.start([""], tokenizer)
+        for token in (5, 6):
+            session.score(torch.tensor([[5, 6, 7, 8, 9]]))
+            session.commit(torch.tensor([token]))
+    assert "compiling" not in capfd.readouterr().err
+
+
+def test_the_static_layout_is_not_reallocated_per_step(compiled_rm, tokenizer):
+    """Steps write into the preallocated tensors (the same tensors step after step, one committed column more each),
+    until the prefix bucket is full; then the layout moves once, to the next bucket."""
+    reward = RewardModelScorer(compiled_rm).compiled_form(compiled=False)
+    session = reward.start(["", ""], tokenizer)
+    cache = session.cache
+    keys = cache.static.layers[0].keys
+    assert tuple(keys.shape[::2]) == (2, MIN_PREFIX + scratch_bucket(1))  # rows, prefix + scratch columns
+    step = 0
+    while cache.length + 6 <= MIN_PREFIX:  # the start token, then one column a step; k = 6 candidates in scratch
+        session.score(torch.randint(3, 200, (2, 6)))
+        session.commit(session._candidates[:, step % 6])
+        step += 1
+        assert cache.length == 1 + step and cache.static.layers[0].keys is keys
+    session.score(torch.randint(3, 200, (2, 6)))
+    session.commit(session._candidates[:, 0])
+    assert cache.prefix == 2 * MIN_PREFIX and cache.static.layers[0].keys.shape[2] == 2 * MIN_PREFIX + 8
+
+
+def test_compiled_form_where_it_pays(compiled_rm, tokenizer):
+    """``compile=True`` compiles a torch sequence reward's scoring on a CUDA device only (on a CPU the scoring is
+    bound by its matrix products: docs/performance.md); other rewards are never touched."""
+    eager = RewardModelScorer(compiled_rm)
+    assert eager.compiled_form() is eager  # here, on the CPU
+    assert compiled_reward(eager) is eager
+    forced = eager.compiled_form(compiled=True)
+    assert forced is not eager and forced.static == "compiled" and eager.static is None
+    assert forced.compiled_form(compiled=False) is forced
+    assert RewardModelScorer(compiled_rm, backend="onnx").compiled_form(compiled=True).static is None
+    token_reward = object()
+    assert compiled_reward(token_reward) is token_reward
+
+
+def test_a_sliding_window_backbone_stays_on_its_own_cache(tokenizer):
+    import transformers as tf
+
+    from steerkit.rewards.model import RewardModel
+
+    config = tf.Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=64,
+                                 max_position_embeddings=128, pad_token_id=tokenizer.pad_token_id)
+    rm = RewardModel.from_causal_lm(tf.Gemma3ForCausalLM(config).eval(), tokenizer, 2)
+    assert not supports_static(rm)
+    assert RewardModelScorer(rm).compiled_form(compiled=True).static is None
+    assert supports_static(tiny_reward(tokenizer))
+
+
+def test_assemble_compile_on_a_cpu_keeps_the_reward_eager(tokenizer, compiled_rm):
+    reward = RewardModelScorer(compiled_rm)
+    assembled = assemble((tiny_lm(tokenizer), tokenizer), {reward: -2.0}, k=4, compile=True)
+    assert assembled.terms[0].reward is reward
+
+
+def test_generate_with_the_compiled_reward_picks_the_eager_tokens(steerkit_cache, tokenizer, compiled_rm):
+    """Greedy RAD with the reward's compiled scoring gives the tokens of its eager cache (three rows, one
+    padded slot in the bucket of four)."""
+    lm = tiny_lm(tokenizer, seed=3)
+    prompts = ["The quick brown", "You are", "Numbers 0123 and more"]
+    eager = RewardModelScorer(compiled_rm, context="full")
+    kwargs = dict(k=5, max_new_tokens=10, do_sample=False, eos_token_id=[])
+    want = steerkit.generate(prompts, lm=(lm, tokenizer), rewards={eager: -4.0}, **kwargs)
+    got = steerkit.generate(prompts, lm=(lm, tokenizer), rewards={eager.compiled_form(compiled=True): -4.0},
+                            **kwargs)
+    assert got.texts == want.texts
+    plain = steerkit.generate(prompts, lm=(lm, tokenizer), **kwargs)
+    assert plain.texts != want.texts  # the reward moved the choice: the comparison above compared steering
+
+
+def test_other_tokenizer_family_compiles_too(steerkit_cache, tokenizer):
+    """A bridged reward (another tokenizer family: candidates re-tokenized, blocks of several tokens) on the compiled
+    scoring gives the eager tokens."""
+    bridged = tiny_reward(make_tokenizer(kind="metaspace", vocab_size=350), seed=4)
+    lm = tiny_lm(tokenizer, seed=3)
+    eager = RewardModelScorer(bridged, context="full")
+    kwargs = dict(k=4, max_new_tokens=6, do_sample=False, eos_token_id=[])
+    want = steerkit.generate(["You are", "The quick"], lm=(lm, tokenizer), rewards={eager: -4.0}, **kwargs)
+    got = steerkit.generate(["You are", "The quick"], lm=(lm, tokenizer),
+                            rewards={eager.compiled_form(compiled=True): -4.0}, **kwargs)
+    assert got.texts == want.texts
