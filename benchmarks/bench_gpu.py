@@ -38,7 +38,7 @@ MODELS = Path(__file__).resolve().parent.parent / "plugins/steerkit-toxicity/ste
 REWARDS = {"plain": {}, "toxicity-token": {str(MODELS / "model_token"): -20.0},
            "toxicity": {str(MODELS / "model"): -20.0}}
 LM = "smollm2-135m-instruct"
-#: eager: the eager engine; compiled-lm: the LM's compiled step, the rewards eager (only rows with a sequence reward,
+#: eager: the eager engine; compiled-lm: the LM's compiled step, the rewards eager (only rows with a reward,
 #: elsewhere it is "compiled"); compiled: assemble(compile=True), the LM's step and the sequence reward's candidate
 #: scoring compiled
 MODES = {"eager": False, "compiled-lm": True, "compiled": True}
@@ -118,7 +118,7 @@ def main() -> None:
         for rows in args.rows:
             prompts = [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" ({i})") for i in range(rows)]
             for name in args.rewards:
-                if mode == "compiled-lm" and name != "toxicity":
+                if mode == "compiled-lm" and name == "plain":
                     continue
                 try:
                     assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=MODES[mode])

@@ -75,6 +75,20 @@ def tiny_reward(tokenizer, seed: int = 1, layers: int = 2, name: str = "tiny", *
     return rm
 
 
+def tiny_token_reward(tokenizer, seed: int = 1, rank=None, baseline=True, name: str = "tok"):
+    """A tiny token-level reward model (:class:`~steerkit.rewards.token.model.TokenRewardModel`) over all of a tiny
+    LM's layers, its head spread so that rewards differ."""
+    from .rewards.model_config import TokenHeadSettings
+    from .rewards.token.model import TokenRewardModel
+
+    rm = TokenRewardModel.from_causal_lm(tiny_lm(tokenizer, seed=seed), tokenizer, name=name,
+                                         head=TokenHeadSettings(rank=rank, baseline=baseline))
+    torch.manual_seed(seed + 100)
+    for p in rm.head.parameters():  # spread the rewards (the default init starts W at 0)
+        torch.nn.init.normal_(p, std=0.4)
+    return rm
+
+
 def save_tiny_lm(directory, tokenizer, seed: int = 0, **kw):
     """A tiny LM and its tokenizer saved as a transformers directory (a valid LM or backbone reference)."""
     from pathlib import Path

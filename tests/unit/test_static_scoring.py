@@ -1,8 +1,10 @@
-"""The torch reward's static scoring cache (steerkit.rewards.sequence.static_cache): preallocated, its candidate
-scoring compiled once per shape, the same rewards as scoring from scratch, and where ``compile=True`` uses it.
+"""The torch rewards' static sessions: the sequence reward's scoring cache (steerkit.rewards.sequence.static_cache)
+and the token-level reward's session (StaticTokenSession, steerkit.rewards.token.session), preallocated, their step
+compiled once per shape, the same rewards as scoring from scratch, and where ``compile=True`` uses them.
 
-The eager layout is driven through every join/leave/rollback path in test_reward_rows.py and over every model family
-in test_backbones.py; here it runs compiled (tiny random models; each new shape compiles for a few seconds).
+The eager layouts are driven through every join/leave/rollback path in test_reward_rows.py and test_token_reward.py
+and over every model family in test_backbones.py; here they run compiled (tiny random models; each new shape
+compiles for a few seconds).
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ import pytest
 import torch
 
 from reward_rows_support import drive, same_tokenizer_reference
-from tiny import make_tokenizer, tiny_lm, tiny_reward
+from tiny import make_tokenizer, tiny_lm, tiny_reward, tiny_token_reward
 
 import steerkit
 from steerkit.assembly import assemble, compiled_reward
 from steerkit.rewards.sequence.scorer import RewardModelScorer
-from steerkit.rewards.sequence.static_cache import (
-    MIN_PREFIX, StaticScoringCache, compiled_scoring, scratch_bucket, supports_static,
-)
+from steerkit.rewards.sequence.static_cache import MIN_PREFIX, StaticScoringCache, compiled_scoring, scratch_bucket
+from steerkit.rewards.static_kv import supports_static
+from steerkit.rewards.token.session import TokenReward
+from steerkit.rewards.token.session import StaticTokenSession, compiled_commit
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +143,42 @@ def test_other_tokenizer_family_compiles_too(steerkit_cache, tokenizer):
     got = steerkit.generate(["You are", "The quick"], lm=(lm, tokenizer),
                             rewards={eager.compiled_form(compiled=True): -4.0}, **kwargs)
     assert got.texts == want.texts
+
+
+# -- the token-level reward --------------------------------------------------------------------------------------
+
+def token_reference(rm):
+    """The token model's full forward over prefix + candidate (its reward of the realized last token)."""
+    def reference(prefix_ids: list[int], candidates: list[int]) -> list[float]:
+        with torch.no_grad():
+            return rm(torch.tensor([prefix_ids + [c] for c in candidates])).rewards[:, -1].tolist()
+    return reference
+
+
+def test_compiled_token_commit_matches_the_full_forward(steerkit_cache, tokenizer):
+    rm = tiny_token_reward(tokenizer, seed=12)
+    reward = TokenReward(rm, context="full").compiled_form(compiled=True)
+    assert reward.static == "compiled" and TokenReward(rm).compiled_form() is not reward
+    reference = token_reference(rm)
+
+    def by_text(prefix: str, ids: list[int], candidates: list[int]) -> list[float]:
+        start = [rm.config.start_token_id] + tokenizer(prefix, add_special_tokens=False)["input_ids"]
+        return reference(start + ids, candidates)
+
+    session = reward.start(["a"], tokenizer)
+    assert isinstance(session, StaticTokenSession) and session.compiled is compiled_commit(rm)
+    joins, leaves = drive(reward, tokenizer, by_text, steps=8, k=5, seed=2, max_rows=2)
+    assert joins >= 2 and leaves >= 1
+    assert compiled_commit(rm).shapes == {("1 row(s)", "64 tokens"), ("2 row(s)", "64 tokens")}
+
+
+def test_generate_with_the_compiled_token_reward_picks_the_eager_tokens(steerkit_cache, tokenizer):
+    rm = tiny_token_reward(tokenizer, seed=13)
+    lm = tiny_lm(tokenizer, seed=3)
+    prompts = ["The quick brown", "You are", "Numbers 0123 and more"]
+    eager = TokenReward(rm)
+    kwargs = dict(k=len(tokenizer), max_new_tokens=10, do_sample=False, eos_token_id=[])
+    want = steerkit.generate(prompts, lm=(lm, tokenizer), rewards={eager: -6.0}, **kwargs)
+    got = steerkit.generate(prompts, lm=(lm, tokenizer), rewards={eager.compiled_form(compiled=True): -6.0}, **kwargs)
+    assert got.texts == want.texts
+    assert steerkit.generate(prompts, lm=(lm, tokenizer), **kwargs).texts != want.texts

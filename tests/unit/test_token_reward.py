@@ -14,18 +14,19 @@ from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.rewards.token.model import TokenRewardModel, candidate_logits
 from steerkit.rewards.token.session import TokenReward
 from steerkit.steering import reweight
-from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward
+from steerkit.testing import make_tokenizer, tiny_lm, tiny_reward, tiny_token_reward
 
 PROMPTS = ["I hate it", "You are a wonderful friend, I love"]
 
 
-def tiny_token_reward(tokenizer, seed: int = 1, rank=None, baseline=True, name="tok") -> TokenRewardModel:
-    rm = TokenRewardModel.from_causal_lm(tiny_lm(tokenizer, seed=seed), tokenizer, name=name,
-                                         head=TokenHeadSettings(rank=rank, baseline=baseline))
-    torch.manual_seed(seed + 100)
-    for p in rm.head.parameters():  # spread the rewards (the default init starts W at 0)
-        torch.nn.init.normal_(p, std=0.4)
-    return rm
+#: the token reward's own session, and the static one (the compiled engine's layout, run eagerly here;
+#: tests/unit/test_static_scoring.py runs it compiled)
+LAYOUTS = ["dynamic", "static"]
+
+
+def token_reward(model, layout: str = "dynamic", **kw) -> TokenReward:
+    reward = TokenReward(model, **kw)
+    return reward.compiled_form(compiled=False) if layout == "static" else reward
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +54,12 @@ def from_scratch(rm: TokenRewardModel, ids: list[int], candidates: list[int]) ->
     return torch.sigmoid(logits)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("rank,baseline", [(None, True), (4, True), (None, False)])
-def test_candidate_reward_is_the_head_definition_and_the_full_forward(tokenizer, rank, baseline):
+def test_candidate_reward_is_the_head_definition_and_the_full_forward(tokenizer, rank, baseline, layout):
     rm = tiny_token_reward(tokenizer, rank=rank, baseline=baseline)
-    session = TokenReward(rm, context="full").start(PROMPTS, tokenizer)
+    session = token_reward(rm, layout, context="full").start(PROMPTS, tokenizer)
+    assert (type(session).__name__ == "StaticTokenSession") == (layout == "static")
     rows = [[rm.config.start_token_id] + tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     g = torch.Generator().manual_seed(0)
     worst_def = worst_fwd = 0.0
@@ -89,13 +92,14 @@ def test_whole_vocabulary_product_equals_the_gather():
     assert torch.allclose(full.gather(1, overlapping), candidate_logits(query, offset, emb, overlapping), atol=1e-6)
 
 
-def test_a_candidate_that_adds_no_text_keeps_the_reward_of_the_committed_text(tokenizer, token_rm):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_candidate_that_adds_no_text_keeps_the_reward_of_the_committed_text(tokenizer, token_rm, layout):
     """End of text, padding, start: the text stays as it is, so its reward does; the head's value for such an
     embedding (never in a training text) would otherwise steer towards stopping early or away from it."""
     textless = sorted(set(tokenizer.all_special_ids))
     ordinary = [5, 17, 42]
     for context, prompts in (("full", PROMPTS), ("continuation", ["", ""])):
-        session = TokenReward(token_rm, context=context).start(prompts, tokenizer)
+        session = token_reward(token_rm, layout, context=context).start(prompts, tokenizer)
         rows = [[token_rm.config.start_token_id] + (tokenizer(p, add_special_tokens=False)["input_ids"]
                                                     if context == "full" else []) for p in PROMPTS]
         for step in range(3):
@@ -115,8 +119,9 @@ def test_a_candidate_that_adds_no_text_keeps_the_reward_of_the_committed_text(to
                 rows[b].append(int(chosen[b]))
 
 
-def test_cached_decoding_equals_uncached(tokenizer, lm, token_rm):
-    reward = TokenReward(token_rm, context="continuation")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cached_decoding_equals_uncached(tokenizer, lm, token_rm, layout):
+    reward = token_reward(token_rm, layout, context="continuation")
     out = RewardAugmentedGenerator(lm, tokenizer, [SteeringTerm(reward, -4.0)], k=len(tokenizer)).generate(
         PROMPTS, max_new_tokens=6, seed=0, return_traces=True, eos_token_id=[])
     worst = 0.0
@@ -160,8 +165,9 @@ def test_logits_processor_matches_generate_and_large_k_does_not_warn(tokenizer, 
     assert ids[0, enc["input_ids"].shape[1]:].tolist() == ours.sequences[0].tolist()
 
 
-def test_keep_rows_and_add_rows_score_like_separate_sessions(tokenizer, token_rm):
-    reward = TokenReward(token_rm, context="full")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_keep_rows_and_add_rows_score_like_separate_sessions(tokenizer, token_rm, layout):
+    reward = token_reward(token_rm, layout, context="full")
     prompts = ["I hate it", "You are", "This is terrible, awful and stupid"]
     a = reward.start(prompts, tokenizer)
     a.commit(torch.tensor([5, 6, 7]))

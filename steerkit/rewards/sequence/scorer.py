@@ -3,7 +3,6 @@ strategy (same vocabulary as the LM, or bridged)."""
 
 from __future__ import annotations
 
-import copy
 from typing import Literal
 
 import torch
@@ -40,22 +39,12 @@ class RewardModelScorer:
     static: str | None = None
 
     def compiled_form(self, *, compiled: bool | None = None) -> "RewardModelScorer":
-        """This reward as ``compile=True`` runs it. A torch reward model of a backbone transformers compiles scores
-        on the static cache (:mod:`.static_cache`), its candidate scoring compiled (``compiled=False``: the same
-        layout run eagerly). ``None``: where that pays, on a CUDA device, where the eager step is bound by kernel
-        launches; on a CPU the scoring is bound by its matrix products, and compiled ran no faster than eager
-        (docs/performance.md), so the reward stays as it is. Any other reward: this reward itself."""
-        from .static_cache import supports_static
+        """This reward as ``compile=True`` runs it (:func:`~steerkit.rewards.static_kv.static_form`): a torch model
+        on a CUDA device on the static scoring cache, its candidate scoring compiled; otherwise this reward
+        itself."""
+        from ..static_kv import static_form
 
-        if self.static or self.backend != "torch" or not supports_static(self.model):
-            return self
-        if compiled is None:
-            if next(self.model.parameters()).device.type != "cuda":
-                return self
-            compiled = True
-        other = copy.copy(self)
-        other.static = "compiled" if compiled else "eager"
-        return other
+        return static_form(self, compiled)
 
     def new_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         if self.static:

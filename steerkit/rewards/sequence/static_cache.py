@@ -29,14 +29,13 @@ from __future__ import annotations
 import torch
 
 from ...compiling import CompiledStep, bucket
-from ...hf_compat import set_static_write_column, static_cache
-from ..attention import additive
-from ..cache import SharedPrefixCache, pick_columns
 from ...model_copies import converted_copy
+from ..cache import SharedPrefixCache, pick_columns
 from ..model import RewardModel
+from ..static_kv import MIN_COLUMNS, StaticKV
 
 #: The fewest prefix columns a static scoring cache allocates.
-MIN_PREFIX = 64
+MIN_PREFIX = MIN_COLUMNS
 #: Scratch columns come in multiples of this (k = 20 single-token candidates: 24 columns).
 SCRATCH_STEP = 8
 
@@ -46,19 +45,6 @@ def scratch_bucket(n: int) -> int:
     two (k = 20 single tokens: 24; bridged blocks of a few tokens each: 64 or 128)."""
     step = SCRATCH_STEP
     return -(-max(1, n) // step) * step if n <= 4 * step else bucket(n, 4 * step)
-
-
-def supports_static(model) -> bool:
-    """Whether ``model`` (a torch sequence reward model) can run on a static cache: a backbone transformers compiles
-    with its ``StaticCache`` whose layers all attend to every column (a sliding-window layer, as Gemma 3's, keeps
-    only its window: the prefix layout here needs every column)."""
-    from transformers import StaticCache
-
-    backbone = getattr(model, "backbone", None)
-    if not isinstance(model, RewardModel) or not getattr(backbone, "_can_compile_fullgraph", False):
-        return False
-    layers = StaticCache(config=backbone.config, max_cache_len=1).layers
-    return not any(getattr(layer, "is_sliding", False) for layer in layers)
 
 
 def _rewards_of(model):
@@ -75,52 +61,40 @@ def compiled_scoring(model):
 
 
 class StaticScoringCache(SharedPrefixCache):
-    """A reward model's KV over B rows in a preallocated ``StaticCache`` (:attr:`static`), its block scoring compiled
-    (``compiled=False``: the same layout, run eagerly; what the tests check the layout with)."""
+    """A reward model's KV over B rows in a :class:`~steerkit.rewards.static_kv.StaticKV` (:attr:`kv`) of
+    ``prefix + scratch`` columns, its block scoring compiled (``compiled=False``: the same layout, run eagerly;
+    what the tests check the layout with)."""
 
     def __init__(self, model: RewardModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                  compiled: bool = True):
         self.model = model
-        parameter = next(model.parameters())
-        self.dtype = parameter.dtype
-        super().__init__(input_ids.shape[0], parameter.device)
-        config = model.backbone.config
-        self.heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.cuda = parameter.device.type == "cuda"
+        self.kv = StaticKV(model)
+        super().__init__(input_ids.shape[0], self.kv.device)
         self.compiled = compiled_scoring(model) if compiled else None
-        self.static = None
-        self.slots = self.prefix = self.scratch = 0
+        self.prefix = self.scratch = 0
         self._blocks = False  # True while score_blocks runs its forward (the compiled one)
         self.append(input_ids, attention_mask)
 
+    @property
+    def static(self):
+        """The transformers ``StaticCache`` holding the KV."""
+        return self.kv.static
+
     # -- layout --------------------------------------------------------------------------------------------
     def _allocate(self, slots: int, prefix: int, scratch: int):
-        old = self.static
-        self.static = static_cache(self.model.backbone, slots, prefix + scratch, self.heads, self.head_dim,
-                                   self.dtype, self.device, static_addresses=self.cuda)
-        self.slots, self.prefix, self.scratch = slots, prefix, scratch
-        return old
+        self.prefix, self.scratch = prefix, scratch
+        return self.kv.allocate(slots, prefix + scratch)
 
     def _room(self, rows: int, columns: int, scratch: int) -> None:
         """Make the layout hold ``rows`` rows, ``columns`` prefix columns and ``scratch`` scratch columns, keeping
         the cached columns; a layout that holds them already stays."""
-        if (self.static is not None and self.slots >= rows and self.prefix >= columns
+        if (self.kv.static is not None and self.kv.slots >= rows and self.prefix >= columns
                 and self.scratch >= scratch):
             return
-        T, B = self.length, self.mask.shape[0]
         old = self._allocate(bucket(rows), max(self.prefix, bucket(columns, MIN_PREFIX)),
                              max(self.scratch, scratch_bucket(scratch)))
-        if old is not None and T:
-            self._copy(old, torch.arange(B, device=self.device), 0, T, 0, 0)
-
-    def _copy(self, old, rows: torch.Tensor, lo: int, hi: int, first_row: int, column: int) -> None:
-        """Copy columns ``[lo, hi)`` of rows ``rows`` of ``old`` to rows ``first_row…`` from ``column`` on."""
-        n = len(rows)
-        for new_layer, old_layer in zip(self.static.layers, old.layers):
-            for name in ("keys", "values"):
-                src = getattr(old_layer, name).index_select(0, rows)[:, :, lo:hi]
-                getattr(new_layer, name)[first_row:first_row + n, :, column:column + hi - lo] = src
+        if old is not None:
+            self.kv.copy(old, torch.arange(self.mask.shape[0], device=self.device), 0, self.length)
 
     # -- the forward ---------------------------------------------------------------------------------------
     def _score_chunk(self, blocks, block_mask):
@@ -137,28 +111,17 @@ class StaticScoringCache(SharedPrefixCache):
         B, n = ids.shape
         T = self.length
         self._room(B, T + n, n if self._blocks else 0)
-        slots, P = self.slots, self.prefix
-        first, S = (P, self.scratch) if self._blocks else (T, n)
-        padded_ids = torch.zeros((slots, S), dtype=torch.long, device=self.device)
-        padded_ids[:B, :n] = ids
-        positions = torch.zeros((slots, S), dtype=torch.long, device=self.device)
-        positions[:B, :n] = position_ids
-        visible = torch.zeros((slots, 1, S, P + self.scratch), dtype=torch.bool, device=self.device)
-        visible[:B, :, :n, :T] = allowed[..., :T]
-        visible[:B, :, :n, first:first + n] = allowed[..., T:]
-        query = torch.arange(S, device=self.device)
-        visible[:, :, query, first + query] = True  # padding sees itself (no empty softmax row)
-        set_static_write_column(self.static, first)
-        kwargs = dict(input_ids=padded_ids, attention_mask=additive(visible, self.dtype), position_ids=positions,
-                      past_key_values=self.static, use_cache=True,
-                      cache_position=torch.arange(first, first + S, device=self.device))
+        first, queries = (self.prefix, self.scratch) if self._blocks else (T, n)
+        kwargs = self.kv.inputs(ids, position_ids, allowed, T, first, queries)
         if self._blocks and self.compiled is not None:
-            rewards = self.compiled((f"{slots} row(s)", f"{P} prefix", f"{S} candidate tokens"), kwargs)
+            shape = (f"{self.kv.slots} row(s)", f"{self.prefix} prefix", f"{queries} candidate tokens")
+            rewards = self.compiled(shape, kwargs)
         else:
             rewards = _rewards_of(self.model)(**kwargs)
         # CUDA graphs reuse their output's memory on the next replay
         return rewards[:B, :n].clone(), None
 
+    # -- what SharedPrefixCache asks of a backend ----------------------------------------------------------
     def _store(self, kv) -> None:
         pass  # a prefix extension was written in place, at [T, T + n)
 
@@ -179,16 +142,12 @@ class StaticScoringCache(SharedPrefixCache):
         pass  # columns past `keep` are no longer in the mask; the next extension writes over them
 
     def _take_rows(self, index: torch.Tensor, start: int) -> None:
-        T, n = self.length, len(index)
-        old = self._allocate(bucket(n), bucket(T - start + 1, MIN_PREFIX), self.scratch)
-        self._copy(old, index, start, T, 0, 0)
+        old = self._allocate(bucket(len(index)), bucket(self.length - start + 1, MIN_PREFIX), self.scratch)
+        self.kv.copy(old, index, start, self.length)
 
     def _join_rows(self, other: "StaticScoringCache", pad_self: int, pad_other: int) -> None:
         a, b = self.mask.shape[0], other.mask.shape[0]
-        width = self.length + pad_self
-        old = self._allocate(bucket(a + b), max(self.prefix, bucket(width + 1, MIN_PREFIX)),
+        old = self._allocate(bucket(a + b), max(self.prefix, bucket(self.length + pad_self + 1, MIN_PREFIX)),
                              max(self.scratch, other.scratch))
-        if self.length:
-            self._copy(old, torch.arange(a, device=self.device), 0, self.length, 0, pad_self)
-        if other.length:
-            self._copy(other.static, torch.arange(b, device=other.device), 0, other.length, a, pad_other)
+        self.kv.copy(old, torch.arange(a, device=self.device), 0, self.length, 0, pad_self)
+        self.kv.copy(other.static, torch.arange(b, device=self.device), 0, other.length, a, pad_other)

@@ -223,10 +223,11 @@ class TokenRewardModel(TokenVocabulary, RewardModel):
 
     # -- forward ------------------------------------------------------------------------------
     def project(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache: bool = False):
+                use_cache: bool = False, cache_position=None):
         """(query [B, n, d], offset [B, n], past_key_values or None) for every position."""
+        extra = {} if cache_position is None else {"cache_position": cache_position}  # a static cache's columns
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                            use_cache=use_cache, **cache_kwargs(self.backbone, past_key_values))
+                            use_cache=use_cache, **cache_kwargs(self.backbone, past_key_values), **extra)
         query, offset = self.head(out.last_hidden_state)
         return query, offset, (output_cache(out) if use_cache else None)
 

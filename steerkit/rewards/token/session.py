@@ -19,9 +19,12 @@ from __future__ import annotations
 import torch
 
 from ...errors import InvalidArgumentError, VocabularyMismatchError
+from ...compiling import CompiledStep, bucket
+from ...model_copies import converted_copy
 from ..attention import additive, append_mask_4d
 from ..backends import DEFAULT_BACKEND, resolve_backend
 from .model import candidate_logits, realized_logits
+from ..static_kv import MIN_COLUMNS, StaticKV
 from ..vocab import same_vocabulary
 
 
@@ -54,10 +57,25 @@ class TokenReward:
         self.backend = resolve_backend(backend)
         self.context = context
 
+    #: Keep the KV on preallocated tensors (:class:`StaticTokenSession`): ``"compiled"``, with the commit compiled,
+    #: on the copy that ``assemble(compile=True)`` makes (:meth:`compiled_form`); ``"eager"``, the same layout run
+    #: eagerly; None: :class:`TokenSession`'s growing tensors.
+    static: str | None = None
+
+    def compiled_form(self, *, compiled: bool | None = None) -> "TokenReward":
+        """This reward as ``compile=True`` runs it (:func:`~steerkit.rewards.static_kv.static_form`): a torch model
+        on a CUDA device on the static session, its commit compiled; otherwise this reward itself."""
+        from ..static_kv import static_form
+
+        return static_form(self, compiled)
+
     def start(self, prefixes: list[str], lm_tokenizer) -> "TokenSession":
         check_vocabulary(self.name, self.model, lm_tokenizer)
         texts = prefixes if self.context == "full" else [""] * len(prefixes)
         enc = self.model.encode(texts)
+        if self.static:
+            return StaticTokenSession(self, enc["input_ids"], enc["attention_mask"],
+                                      compiled=self.static == "compiled")
         # a backend whose KV lives outside torch (llama.cpp) names its own session class on its model
         session_class = getattr(self.model, "session_class", None) or TokenSession
         return session_class(self, enc["input_ids"], enc["attention_mask"])
@@ -93,8 +111,7 @@ class TokenSession:
         tokens = tokens.to(self.device)
         mask = torch.ones_like(tokens, dtype=torch.bool) if mask is None else mask.to(self.device).bool()
         positions = self.next_pos[:, None] + (mask.long().cumsum(-1) - 1).clamp(min=0)
-        query, offset, self.past = self.model.run(tokens, positions, additive(append_mask_4d(self.mask, mask)),
-                                                  self.past)
+        query, offset = self._run(tokens, positions, append_mask_4d(self.mask, mask))
         embeddings, textless = self.model.output_embeddings, self.textless
         if self.query is None:  # the start: the reward of each row's text, from its realized last token
             self.current = realized_logits(query, offset, embeddings, tokens, mask, textless)[:, -1]
@@ -103,6 +120,24 @@ class TokenSession:
         self.query, self.offset = query[:, -1], offset[:, -1]  # the last column is real in every row
         self.mask = torch.cat([self.mask, mask], dim=1)
         self.next_pos = self.next_pos + mask.long().sum(-1)
+
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor):
+        """The reward model over ``tokens`` [B, n] at ``positions`` after the cached text (``allowed`` [B, 1, n,
+        T + n]: what each token sees), their KV kept: (query [B, n, d], offset [B, n])."""
+        query, offset, self.past = self.model.run(tokens, positions, additive(allowed), self.past)
+        return query, offset
+
+    def _keep_past(self, index: torch.Tensor, first: int) -> None:
+        """Keep rows ``index`` of the cached KV, and its columns from ``first`` on."""
+        self.past = [t.index_select(0, index)[:, :, first:] for t in self.past]
+
+    def _join_past(self, other: "TokenSession", pad_self: int, pad_other: int) -> None:
+        """The cached KV of this session's rows then ``other``'s, each left-padded by so many (masked) columns."""
+        def pad(t, n):
+            return torch.nn.functional.pad(t, (0, 0, n, 0)) if n else t
+
+        self.past = [torch.cat([pad(x, pad_self), pad(y.to(x.device), pad_other)])
+                     for x, y in zip(self.past, other.past)]
 
     def score(self, candidates: torch.Tensor) -> torch.Tensor:
         """Rewards [B, k] of each row's text extended by each candidate LM token [B, k]."""
@@ -126,15 +161,13 @@ class TokenSession:
     def keep_rows(self, index: torch.Tensor) -> None:
         """Keep rows ``index`` [B'] in that order; columns that are then holes in every row are dropped."""
         index = torch.as_tensor(index, dtype=torch.long).to(self.device)
-        self.past = [t.index_select(0, index) for t in self.past]
-        self.mask, self.next_pos = self.mask.index_select(0, index), self.next_pos.index_select(0, index)
+        mask = self.mask.index_select(0, index)
+        used = mask.any(0)
+        first = int(used.nonzero().min()) if bool(used.any()) else mask.shape[1]
+        self._keep_past(index, first)
+        self.mask, self.next_pos = mask[:, first:], self.next_pos.index_select(0, index)
         self.query, self.offset = self.query.index_select(0, index), self.offset.index_select(0, index)
         self.current = self.current.index_select(0, index)
-        used = self.mask.any(0)
-        first = int(used.nonzero().min()) if bool(used.any()) else self.mask.shape[1]
-        if first:
-            self.past = [t[:, :, first:] for t in self.past]
-            self.mask = self.mask[:, first:]
 
     def add_rows(self, other: "TokenSession") -> None:
         """Append the rows of ``other`` (started by the same reward), left-padding the shorter KV with holes."""
@@ -142,18 +175,94 @@ class TokenSession:
             raise TypeError("add_rows() needs a TokenSession started by the same token-level reward, got "
                             f"{type(other).__name__}.")
         width = max(self.mask.shape[1], other.mask.shape[1])
-
-        def pad_kv(t, n):
-            return torch.nn.functional.pad(t, (0, 0, width - n, 0))
-
         a, b = self.mask.shape[1], other.mask.shape[1]
-        self.past = [torch.cat([pad_kv(x, a), pad_kv(y.to(x.device), b)]) for x, y in zip(self.past, other.past)]
+        self._join_past(other, width - a, width - b)
         self.mask = torch.cat([torch.nn.functional.pad(self.mask, (width - a, 0)),
                                torch.nn.functional.pad(other.mask.to(self.device), (width - b, 0))])
         self.next_pos = torch.cat([self.next_pos, other.next_pos.to(self.device)])
         self.query = torch.cat([self.query, other.query.to(self.device)])
         self.offset = torch.cat([self.offset, other.offset.to(self.device)])
         self.current = torch.cat([self.current, other.current.to(self.device)])
+
+
+# -- the static session (compile=True) ---------------------------------------------------------------------------
+#
+# A token-level reward's session on preallocated tensors, its commit compiled once per shape (``compile=True``, issue
+# 25): the token-level side of the engine's static-shape step.
+#
+# :class:`TokenSession` keeps the reward model's KV as a list of tensors that grows
+# by ``torch.cat`` at every commit, and runs the commit's forward (one token per row) eagerly.
+# :class:`StaticTokenSession` keeps the same state (mask, positions, the head's query and baseline) with the KV in a
+# :class:`~steerkit.rewards.static_kv.StaticKV`: ``slots`` rows (a power of two) × ``width`` columns (a power of two,
+# at least :data:`~steerkit.rewards.static_kv.MIN_COLUMNS`), the cached column ``j`` of :attr:`mask` in column
+# ``j``. A commit writes its token at column ``T`` in place, through the compiled forward (one graph per (slots,
+# width)); the start, whose length varies, runs eagerly on the same tensors. Scoring candidates is unchanged: a gather
+# and k dot products against the last query.
+
+def _projection_of(model):
+    """The token model's projection as the compiled function: (query, offset) alone."""
+    def project(**kwargs):
+        query, offset, _ = model.project(**kwargs)
+        return query, offset
+    return project
+
+
+def compiled_commit(model):
+    """The token model's compiled commit (one token per row), made once per model object and process."""
+    return converted_copy(model, "compiled token commit",
+                          lambda m: CompiledStep(m, _projection_of(m), what="a token reward's commit"))
+
+
+class StaticTokenSession(TokenSession):
+    """:class:`TokenSession` with the KV in a :class:`~steerkit.rewards.static_kv.StaticKV` (:attr:`kv`) and the
+    commit compiled (``compiled=False``: the same layout, run eagerly)."""
+
+    def __init__(self, reward, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, compiled: bool = True):
+        self.kv = StaticKV(reward.model)
+        self.compiled = compiled_commit(reward.model) if compiled else None
+        super().__init__(reward, input_ids, attention_mask)
+        self.past = None  # the KV is in self.kv
+
+    @property
+    def static(self):
+        """The transformers ``StaticCache`` holding the KV."""
+        return self.kv.static
+
+    def _room(self, rows: int, columns: int) -> None:
+        """Make the layout hold ``rows`` rows and ``columns`` columns, keeping the cached ones."""
+        kv = self.kv
+        if kv.static is not None and kv.slots >= rows and kv.width >= columns:
+            return
+        old = kv.allocate(bucket(rows), max(kv.width, bucket(columns, MIN_COLUMNS)))
+        if old is not None:
+            kv.copy(old, torch.arange(self.mask.shape[0], device=self.device), 0, self.mask.shape[1])
+
+    @torch.no_grad()
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor):
+        B, n = tokens.shape
+        T = self.mask.shape[1]
+        self._room(B, T + n)
+        kwargs = self.kv.inputs(tokens, positions, allowed, T, T, n)
+        if n == 1 and self.compiled is not None:
+            query, offset = self.compiled((f"{self.kv.slots} row(s)", f"{self.kv.width} tokens"), kwargs)
+        else:
+            query, offset = _projection_of(self.model)(**kwargs)
+        # CUDA graphs reuse their outputs' memory on the next replay
+        return query[:B].clone(), offset[:B].clone()
+
+    def _keep_past(self, index: torch.Tensor, first: int) -> None:
+        T = self.mask.shape[1]
+        old = self.kv.allocate(bucket(len(index)), bucket(T - first + 1, MIN_COLUMNS))
+        self.kv.copy(old, index, first, T)
+
+    def _join_past(self, other: "TokenSession", pad_self: int, pad_other: int) -> None:
+        if not isinstance(other, StaticTokenSession):
+            raise TypeError(f"cannot add the rows of a {type(other).__name__} to a StaticTokenSession")
+        a, b = self.mask.shape[0], other.mask.shape[0]
+        width = self.mask.shape[1] + pad_self
+        old = self.kv.allocate(bucket(a + b), max(self.kv.width, bucket(width + 1, MIN_COLUMNS)))
+        self.kv.copy(old, torch.arange(a, device=self.device), 0, self.mask.shape[1], 0, pad_self)
+        self.kv.copy(other.static, torch.arange(b, device=self.device), 0, other.mask.shape[1], a, pad_other)
 
 
 # -- loading (the ``token`` kind of :mod:`steerkit.rewards.kinds`) ------------------------------------------
