@@ -1,5 +1,6 @@
 """RAD throughput on a GPU (issue 25): steerkit's eager engine against its compiled static-shape step (CUDA graphs
-through ``torch.compile(mode="reduce-overhead")``), side by side in one run.
+through ``torch.compile(mode="reduce-overhead")``), side by side in one run. ``--device cpu --static-rewards`` compares
+the rewards' compiled sessions with their eager ones on a CPU, where ``compile=True`` does not use them.
 
 Rows: 1 and 25 prompts in one batch, plain, ``toxicity-token`` and ``toxicity`` (β = −20, k = 20), greedy,
 ``--tokens`` new tokens. Each row runs once untimed (loads, compiles, CUDA graph capture), then ``--repeats``
@@ -20,6 +21,7 @@ nearly flat, so eager and compiled greedy texts may part where two logits tie to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -98,6 +100,10 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="after the rows: cProfile one compiled generate of the largest batch with the last reward")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--static-rewards", action="store_true",
+                        help="compiled rows run the torch rewards' static, compiled sessions on any device (compile=True "
+                             "uses them on CUDA only): the CPU comparison in docs/performance.md")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: as docs/performance.md)")
     parser.add_argument("--random-weights", action="store_true")
     parser.add_argument("--template", type=Path, help="config and tokenizer files of the LM (--random-weights)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_gpu.json")
@@ -105,6 +111,10 @@ def main() -> None:
     import torch
     import transformers
 
+    from steerkit.threads import set_threads
+
+    set_threads(args.threads)
+    torch.set_num_threads(args.threads)
     if args.random_weights:
         random_weights_entry(args.template)
     from steerkit.assembly import assemble
@@ -112,7 +122,8 @@ def main() -> None:
     result = {"device": args.device, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
               "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
               "tokens": args.tokens, "k": 20, "beta": -20.0, "random_weights": args.random_weights,
-              "matmul_precision": torch.get_float32_matmul_precision(), "rows": []}
+              "matmul_precision": torch.get_float32_matmul_precision(), "threads": args.threads,
+              "load_average_before": os.getloadavg(), "rows": []}
     eager_texts = {}
     for mode in args.modes:
         for rows in args.rows:
@@ -124,6 +135,9 @@ def main() -> None:
                     assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=MODES[mode])
                     if mode == "compiled-lm":
                         assembled.terms = assemble(LM, REWARDS[name], k=20, device=args.device).terms
+                    elif mode == "compiled" and args.static_rewards:
+                        assembled.terms = [dataclasses.replace(t, reward=t.reward.compiled_form(compiled=True))
+                                           for t in assembled.terms]
                     first, _, texts = run(assembled, prompts, args.tokens)
                     best = None
                     for _ in range(args.repeats):
@@ -151,6 +165,8 @@ def main() -> None:
                 del assembled
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
+    result["load_average_after"] = os.getloadavg()
+    args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}), flush=True)
     if args.profile:
         import cProfile

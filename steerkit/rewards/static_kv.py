@@ -36,17 +36,18 @@ def supports_static(model) -> bool:
     return not any(getattr(layer, "is_sliding", False) for layer in layers)
 
 
-def static_form(reward, compiled: bool | None = None):
+def static_form(reward, compiled: bool | None = None, *, pays_on_cpu: bool = False):
     """``reward`` (a torch reward of this package: ``backend``, ``model`` and ``static`` attributes) as
     ``compile=True`` runs it: a copy whose sessions keep the KV in a :class:`StaticKV`, its step compiled
-    (``compiled=False``: the same layout run eagerly). ``None``: where that pays, on a CUDA device, where the eager
-    step is bound by kernel launches; on a CPU a reward's step is bound by its matrix products and compiled ran no
-    faster than eager (docs/performance.md), so ``reward`` itself. Also ``reward`` itself for another backend, a
-    model :func:`supports_static` refuses, or a reward already in that form."""
+    (``compiled=False``: the same layout run eagerly). ``None``: where that pays. On a CUDA device it does (the eager
+    step is bound by kernel launches). On a CPU only where the reward says so (``pays_on_cpu``, measured in
+    docs/performance.md: a token-level commit yes, a sequence reward's candidate scoring, bound by its matrix
+    products, no), else ``reward`` itself. Also ``reward`` itself for another backend, a model
+    :func:`supports_static` refuses, or a reward already in that form."""
     if reward.static or reward.backend != "torch" or not supports_static(reward.model):
         return reward
     if compiled is None:
-        if next(reward.model.parameters()).device.type != "cuda":
+        if next(reward.model.parameters()).device.type != "cuda" and not pays_on_cpu:
             return reward
         compiled = True
     other = copy.copy(reward)

@@ -203,3 +203,5 @@ def test_the_servers_setup_path_gives_the_compiled_int8_lm(tiny_backbone_dir):
     parts = engine_parts(SteeringConfig.from_dict({"lm": str(tiny_backbone_dir), "compile": True, "dtype": "int8"}))
     assert isinstance(parts.lm, StaticLM) and parts.lm.compiled
     assert any(isinstance(m, Int8Linear) for m in parts.lm.model.modules())
+    # on a CPU the served rewards stay eager: a reward's step compiling in the decode loop would stall requests
+    assert parts.rewards and all(getattr(r, "static", None) is None for r in parts.rewards.values())

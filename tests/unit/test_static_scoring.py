@@ -85,7 +85,8 @@ def test_the_static_layout_is_not_reallocated_per_step(compiled_rm, tokenizer):
 
 def test_compiled_form_where_it_pays(compiled_rm, tokenizer):
     """``compile=True`` compiles a torch sequence reward's scoring on a CUDA device only (on a CPU the scoring is
-    bound by its matrix products: docs/performance.md); other rewards are never touched."""
+    bound by its matrix products: docs/performance.md), a token-level reward's commit anywhere; other rewards are
+    never touched."""
     eager = RewardModelScorer(compiled_rm)
     assert eager.compiled_form() is eager  # here, on the CPU
     assert compiled_reward(eager) is eager
@@ -93,8 +94,11 @@ def test_compiled_form_where_it_pays(compiled_rm, tokenizer):
     assert forced is not eager and forced.static == "compiled" and eager.static is None
     assert forced.compiled_form(compiled=False) is forced
     assert RewardModelScorer(compiled_rm, backend="onnx").compiled_form(compiled=True).static is None
-    token_reward = object()
-    assert compiled_reward(token_reward) is token_reward
+    token = TokenReward(tiny_token_reward(tokenizer))
+    assert compiled_reward(token).static == "compiled" and token.static is None
+    assert TokenReward(token.model, backend="onnx").compiled_form().static is None
+    plugin_reward = object()
+    assert compiled_reward(plugin_reward) is plugin_reward
 
 
 def test_a_sliding_window_backbone_stays_on_its_own_cache(tokenizer):
@@ -111,10 +115,12 @@ def test_a_sliding_window_backbone_stays_on_its_own_cache(tokenizer):
     assert supports_static(tiny_reward(tokenizer))
 
 
-def test_assemble_compile_on_a_cpu_keeps_the_reward_eager(tokenizer, compiled_rm):
-    reward = RewardModelScorer(compiled_rm)
-    assembled = assemble((tiny_lm(tokenizer), tokenizer), {reward: -2.0}, k=4, compile=True)
+def test_assemble_compile_on_a_cpu_keeps_the_sequence_reward_eager(tokenizer, compiled_rm):
+    reward, token = RewardModelScorer(compiled_rm), TokenReward(tiny_token_reward(tokenizer))
+    assembled = assemble((tiny_lm(tokenizer), tokenizer), {reward: -2.0, token: -1.0}, k=4, compile=True)
     assert assembled.terms[0].reward is reward
+    assert assembled.terms[1].reward.static == "compiled" and assembled.terms[1].reward.model is token.model
+    assert assemble((tiny_lm(tokenizer), tokenizer), {token: -1.0}, k=4).terms[0].reward is token
 
 
 def test_generate_with_the_compiled_reward_picks_the_eager_tokens(steerkit_cache, tokenizer, compiled_rm):
