@@ -15,6 +15,7 @@ import copy
 
 import torch
 
+from ..compiling import bucket
 from ..hf_compat import set_static_write_column, static_cache
 from .attention import additive
 from .model import RewardModel
@@ -89,6 +90,26 @@ class StaticKV:
             for name in ("keys", "values"):
                 src = getattr(old_layer, name).index_select(0, rows.to(old_layer.keys.device))[:, :, lo:hi]
                 getattr(new_layer, name)[first_row:first_row + n, :, column:column + hi - lo] = src
+
+    def resize(self, slots: int, width: int, rows: int, columns: int) -> None:
+        """Move to ``slots`` × ``width``, keeping columns ``[0, columns)`` of the first ``rows`` rows."""
+        old = self.allocate(slots, width)
+        if old is not None:
+            self.copy(old, torch.arange(rows, device=self.device), 0, columns)
+
+    def take(self, index: torch.Tensor, lo: int, hi: int, width: int) -> None:
+        """Keep rows ``index`` (in that order) and their columns ``[lo, hi)``, moved to column 0, in the smallest
+        bucket of rows that holds them × ``width``."""
+        old = self.allocate(bucket(len(index)), width)
+        self.copy(old, index, lo, hi)
+
+    def join(self, rows: int, columns: int, pad: int, other: "StaticKV", other_rows: int, other_columns: int,
+             other_pad: int, width: int) -> None:
+        """This cache's first ``rows`` rows (columns ``[0, columns)`` moved right by ``pad``) then ``other``'s first
+        ``other_rows`` rows (``[0, other_columns)`` moved right by ``other_pad``), in a bucket of rows × ``width``."""
+        old = self.allocate(bucket(rows + other_rows), width)
+        self.copy(old, torch.arange(rows, device=self.device), 0, columns, 0, pad)
+        self.copy(other.static, torch.arange(other_rows, device=self.device), 0, other_columns, rows, other_pad)
 
     def inputs(self, ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor, cached: int, first: int,
                queries: int) -> dict:

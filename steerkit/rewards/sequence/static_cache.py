@@ -81,20 +81,15 @@ class StaticScoringCache(SharedPrefixCache):
         return self.kv.static
 
     # -- layout --------------------------------------------------------------------------------------------
-    def _allocate(self, slots: int, prefix: int, scratch: int):
-        self.prefix, self.scratch = prefix, scratch
-        return self.kv.allocate(slots, prefix + scratch)
-
     def _room(self, rows: int, columns: int, scratch: int) -> None:
         """Make the layout hold ``rows`` rows, ``columns`` prefix columns and ``scratch`` scratch columns, keeping
         the cached columns; a layout that holds them already stays."""
         if (self.kv.static is not None and self.kv.slots >= rows and self.prefix >= columns
                 and self.scratch >= scratch):
             return
-        old = self._allocate(bucket(rows), max(self.prefix, bucket(columns, MIN_PREFIX)),
-                             max(self.scratch, scratch_bucket(scratch)))
-        if old is not None:
-            self.kv.copy(old, torch.arange(self.mask.shape[0], device=self.device), 0, self.length)
+        self.prefix = max(self.prefix, bucket(columns, MIN_PREFIX))
+        self.scratch = max(self.scratch, scratch_bucket(scratch))
+        self.kv.resize(bucket(rows), self.prefix + self.scratch, self.mask.shape[0], self.length)
 
     # -- the forward ---------------------------------------------------------------------------------------
     def _score_chunk(self, blocks, block_mask):
@@ -142,12 +137,11 @@ class StaticScoringCache(SharedPrefixCache):
         pass  # columns past `keep` are no longer in the mask; the next extension writes over them
 
     def _take_rows(self, index: torch.Tensor, start: int) -> None:
-        old = self._allocate(bucket(len(index)), bucket(self.length - start + 1, MIN_PREFIX), self.scratch)
-        self.kv.copy(old, index, start, self.length)
+        self.prefix = bucket(self.length - start + 1, MIN_PREFIX)
+        self.kv.take(index, start, self.length, self.prefix + self.scratch)
 
     def _join_rows(self, other: "StaticScoringCache", pad_self: int, pad_other: int) -> None:
-        a, b = self.mask.shape[0], other.mask.shape[0]
-        old = self._allocate(bucket(a + b), max(self.prefix, bucket(self.length + pad_self + 1, MIN_PREFIX)),
-                             max(self.scratch, other.scratch))
-        self.kv.copy(old, torch.arange(a, device=self.device), 0, self.length, 0, pad_self)
-        self.kv.copy(other.static, torch.arange(b, device=self.device), 0, other.length, a, pad_other)
+        self.prefix = max(self.prefix, bucket(self.length + pad_self + 1, MIN_PREFIX))
+        self.scratch = max(self.scratch, other.scratch)
+        self.kv.join(self.mask.shape[0], self.length, pad_self, other.kv, other.mask.shape[0], other.length, pad_other,
+                     self.prefix + self.scratch)

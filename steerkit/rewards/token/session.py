@@ -232,11 +232,8 @@ class StaticTokenSession(TokenSession):
     def _room(self, rows: int, columns: int) -> None:
         """Make the layout hold ``rows`` rows and ``columns`` columns, keeping the cached ones."""
         kv = self.kv
-        if kv.static is not None and kv.slots >= rows and kv.width >= columns:
-            return
-        old = kv.allocate(bucket(rows), max(kv.width, bucket(columns, MIN_COLUMNS)))
-        if old is not None:
-            kv.copy(old, torch.arange(self.mask.shape[0], device=self.device), 0, self.mask.shape[1])
+        if kv.static is None or kv.slots < rows or kv.width < columns:
+            kv.resize(bucket(rows), max(kv.width, bucket(columns, MIN_COLUMNS)), *self.mask.shape)
 
     @torch.no_grad()
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor):
@@ -253,17 +250,14 @@ class StaticTokenSession(TokenSession):
 
     def _keep_past(self, index: torch.Tensor, first: int) -> None:
         T = self.mask.shape[1]
-        old = self.kv.allocate(bucket(len(index)), bucket(T - first + 1, MIN_COLUMNS))
-        self.kv.copy(old, index, first, T)
+        self.kv.take(index, first, T, bucket(T - first + 1, MIN_COLUMNS))
 
     def _join_past(self, other: "TokenSession", pad_self: int, pad_other: int) -> None:
         if not isinstance(other, StaticTokenSession):
             raise TypeError(f"cannot add the rows of a {type(other).__name__} to a StaticTokenSession")
-        a, b = self.mask.shape[0], other.mask.shape[0]
-        width = self.mask.shape[1] + pad_self
-        old = self.kv.allocate(bucket(a + b), max(self.kv.width, bucket(width + 1, MIN_COLUMNS)))
-        self.kv.copy(old, torch.arange(a, device=self.device), 0, self.mask.shape[1], 0, pad_self)
-        self.kv.copy(other.static, torch.arange(b, device=self.device), 0, other.mask.shape[1], a, pad_other)
+        (a, t), (b, u) = self.mask.shape, other.mask.shape
+        width = max(self.kv.width, bucket(t + pad_self + 1, MIN_COLUMNS))
+        self.kv.join(a, t, pad_self, other.kv, b, u, pad_other, width)
 
 
 # -- loading (the ``token`` kind of :mod:`steerkit.rewards.kinds`) ------------------------------------------
