@@ -134,3 +134,49 @@ def test_the_new_sources_share_no_text_with_the_functional_cases():
     new = {normalise(e.text) for e in dataset.train + dataset.dev
            if dataset.sources[e.source].metrics_name in NEW_GROUPS}
     assert len(new) > 6000 and not new & functional
+
+
+# -- the CONAN experiment (plugins/steerkit-toxicity/data/convert_counter_speech.py; not shipped: research-only licence)
+
+@pytest.fixture(scope="module")
+def conan():
+    spec = importlib.util.spec_from_file_location("convert_counter_speech", PLUGIN / "data" / "convert_counter_speech.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_conan_rows_keep_english_and_the_english_translations_only(conan):
+    content = ("cn_id,hateSpeech,counterSpeech\n"
+               "ENT1ST1HS1CN1,They are all the same.,Generalising about millions of people is unfair.\n"
+               "FRT1ST1HS1CN1,Ils sont tous pareils.,C'est injuste.\n"
+               "FRT1ST1HS1CN1T1,They are all alike.,That is unfair.\n"
+               "ENT1ST1HS1CN1P1,All of them are the same.,Generalising about millions of people is unfair.\n")
+    rows = conan.conan_rows(content)
+    assert [label for _, label, _ in rows] == ["hate", "counter"] * 3
+    assert not any("pareils" in text for text, _, _ in rows)
+    with pytest.raises(ValueError, match="unexpected id"):
+        conan.conan_rows("cn_id,hateSpeech,counterSpeech\nXX1,a,b\n")
+
+
+def test_conan_merge_deduplicates_on_words_and_drops_label_conflicts(conan):
+    rows, conflicts = conan.merge([
+        ("Multitarget-CONAN", [("They  are all the same!", "hate", "MIGRANTS"),
+                               ("People differ.", "counter", "MIGRANTS")]),
+        ("DIALOCONAN", [("they are all the same", "hate", "JEWS"),  # the same words: kept once, the first names it
+                        ("people differ", "hate", "JEWS"),  # counter-speech elsewhere: a conflict, dropped
+                        ("   ", "counter", "JEWS")]),  # no words: skipped
+    ])
+    assert conflicts == 1
+    assert rows == [{"text": "They are all the same!", "label": "hate", "dataset": "Multitarget-CONAN",
+                     "target": "MIGRANTS"}]
+
+
+def test_the_conan_experiment_is_not_a_shipped_config():
+    """Its licence allows research use only: the experiment's config writes under runs/ (git-ignored), never into
+    the plugin's package or its card, and records the licence on both CONAN entries."""
+    config = TrainConfig.from_file(PLUGIN / "train_conan_experiment.yaml")
+    for path in (config.output_dir, config.card, config.checkpoint_dir):
+        assert (ROOT / "runs") in Path(path).resolve().parents, path
+    conan_sources = [s for s in config.data if s.group == "CONAN"]
+    assert len(conan_sources) == 2 and all("research use only" in s.licence for s in conan_sources)
