@@ -99,6 +99,18 @@ def test_add_rows_equals_fresh_sessions_and_sequences_are_given_back(rm, tokeniz
     assert len(model.runtime._free) == free
 
 
+def test_running_out_of_sequences_is_a_typed_error_that_says_what_to_lower(rm):
+    from steerkit.rewards.llama_cpp.runtime import LlamaCppRewardError
+
+    model = LlamaCppRewardModel.from_torch(rm, precision="f32")
+    runtime = model.runtime
+    held = runtime.take_or_raise(len(runtime._free), "the test", "nothing")
+    with pytest.raises(LlamaCppRewardError, match=r"no 2 free llama.cpp sequences for one row's candidates .*: lower k"):
+        runtime.take_or_raise(2, "one row's candidates", "lower k")
+    runtime.release(held)
+    assert runtime.take_or_raise(2, "one row's candidates", "lower k")
+
+
 def test_token_level_rewards_equal_torch(tokenizer):
     from steerkit.rewards.llama_cpp.token import LlamaCppTokenModel, LlamaCppTokenSession
     from steerkit.rewards.token.model import TokenRewardModel

@@ -32,7 +32,7 @@ from ...errors import ExportError
 from ...model_copies import converted_copy
 from ..model import CONFIG_NAME, OUTPUT_FUNCTIONS, RewardModel, score_from_scratch
 from .export import check_precision, ensure_gguf, geometry, llama_backbone
-from .runtime import LlamaCppRewardError, LlamaCppRuntime
+from .runtime import LlamaCppRuntime
 
 
 def default_precision() -> str:
@@ -101,9 +101,7 @@ class _LlamaCppModelBase:
         """Hidden states [B, n, d] of left-padded rows, from scratch (zeros at padding)."""
         B, n = input_ids.shape
         mask = attention_mask.bool()
-        seqs = self.runtime.take(B)
-        if seqs is None:
-            raise LlamaCppRewardError("no free llama.cpp sequences for scoring texts; score fewer at once.")
+        seqs = self.runtime.take_or_raise(B, "scoring texts", "score fewer at once")
         try:
             ids, positions, owners = [], [], []
             for b in range(B):
@@ -161,10 +159,7 @@ class LlamaCppScoringCache:
         self.runtime = model.runtime
         self.device = torch.device("cpu")
         B = input_ids.shape[0]
-        seqs = self.runtime.take(B)
-        if seqs is None:
-            raise LlamaCppRewardError(f"no {B} free llama.cpp sequences for the reward model's rows (at most "
-                                      f"{self.runtime.sequences} rows and pending candidates at once).")
+        seqs = self.runtime.take_or_raise(B, "the reward model's rows", "decode fewer rows at once")
         self.seqs: list[int] = seqs  # changed in place only: the finalizer releases what it holds
         self._release = weakref.finalize(self, self.runtime.release, self.seqs)
         self.next_pos = [0] * B
@@ -212,7 +207,7 @@ class LlamaCppScoringCache:
         rows_per = max(1, per_group // max(1, k))
         for lo in range(0, B, rows_per):
             rows = list(range(lo, min(B, lo + rows_per)))
-            flat = self._take_or_fail(len(rows) * k)
+            flat = self.runtime.take_or_raise(len(rows) * k, "one row's candidates", "lower k")
             seqs = [flat[i * k:(i + 1) * k] for i in range(len(rows))]
             try:
                 rewards[rows] = self._score_rows(rows, seqs, fed)
@@ -220,13 +215,6 @@ class LlamaCppScoringCache:
                 self.runtime.drop(flat)
         self._pending = {"seqs": None, "real": real}
         return rewards.to(device)
-
-    def _take_or_fail(self, count: int) -> list[int]:
-        seqs = self.runtime.take(count)
-        if seqs is None:
-            raise LlamaCppRewardError(f"no {count} free llama.cpp sequences for one row's candidates; lower k "
-                                      f"(the reward context has {self.runtime.sequences}).")
-        return seqs
 
     def _score_rows(self, rows, seqs, fed) -> torch.Tensor:
         embed_ids, positions, owners, outputs = [], [], [], []

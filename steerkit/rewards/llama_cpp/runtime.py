@@ -116,6 +116,15 @@ class LlamaCppRuntime:
             self._live.update(seqs)
             return seqs
 
+    def take_or_raise(self, count: int, what: str, advice: str) -> list[int]:
+        """``count`` free sequence ids for ``what``; :class:`LlamaCppRewardError` (ending with ``advice``) when fewer
+        are free."""
+        seqs = self.take(count)
+        if seqs is None:
+            raise LlamaCppRewardError(f"no {count} free llama.cpp sequences for {what} (the reward context has "
+                                      f"{self.sequences}, for rows and pending candidates together): {advice}.")
+        return seqs
+
     def release(self, seqs) -> None:
         """Give sequences back (any thread): cleared by the next call that holds the lock."""
         with self._lock:

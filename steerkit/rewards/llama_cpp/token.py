@@ -18,7 +18,6 @@ from ..model import score_from_scratch
 from ..token.model import TokenRewardModel, TokenVocabulary, candidate_logits, realized_logits
 from ..token.session import TokenSession
 from .model import _LlamaCppModelBase
-from .runtime import LlamaCppRewardError
 
 
 class LlamaCppTokenModel(TokenVocabulary, _LlamaCppModelBase):
@@ -68,10 +67,7 @@ class LlamaCppTokenSession(TokenSession):
         self.model = reward.model
         self.runtime = self.model.runtime
         B = input_ids.shape[0]
-        seqs = self.runtime.take(B)
-        if seqs is None:
-            raise LlamaCppRewardError(f"no {B} free llama.cpp sequences for the reward model's rows (at most "
-                                      f"{self.runtime.sequences}).")
+        seqs = self.runtime.take_or_raise(B, "the reward model's rows", "decode fewer rows at once")
         self.seqs: list[int] = seqs  # changed in place only: the finalizer releases what it holds
         weakref.finalize(self, self.runtime.release, self.seqs)
         self.next_pos = torch.zeros(B, dtype=torch.long)
