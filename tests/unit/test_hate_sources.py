@@ -33,12 +33,17 @@ requires_hate_data = pytest.mark.skipif(
            "(plugins/steerkit-toxicity/data/convert_hate_sources.py writes them)")
 
 
-@pytest.fixture(scope="module")
-def convert():
-    spec = importlib.util.spec_from_file_location("convert_hate_sources", PLUGIN / "data" / "convert_hate_sources.py")
+def data_script(name: str):
+    """A conversion script of plugins/steerkit-toxicity/data/ (scripts, not a package), imported."""
+    spec = importlib.util.spec_from_file_location(name, PLUGIN / "data" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def convert():
+    return data_script("convert_hate_sources")
 
 
 def test_label_and_group_come_from_the_upstream_file_name(convert):
@@ -140,10 +145,7 @@ def test_the_new_sources_share_no_text_with_the_functional_cases():
 
 @pytest.fixture(scope="module")
 def conan():
-    spec = importlib.util.spec_from_file_location("convert_counter_speech", PLUGIN / "data" / "convert_counter_speech.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return data_script("convert_counter_speech")
 
 
 def test_conan_rows_keep_english_and_the_english_translations_only(conan):
