@@ -53,7 +53,6 @@ class StaticLM:
     def make_batch(self) -> "StaticLMBatch":
         return StaticLMBatch(self)
 
-
     def __getattr__(self, name):
         return getattr(self.__dict__["model"], name)
 

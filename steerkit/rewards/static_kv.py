@@ -45,12 +45,14 @@ def static_form(reward, compiled: bool | None = None, *, pays_on_cpu: bool = Fal
     docs/performance.md: a token-level commit yes, a sequence reward's candidate scoring, bound by its matrix
     products, no), else ``reward`` itself. Also ``reward`` itself for another backend, a model
     :func:`supports_static` refuses, or a reward already in that form."""
-    if reward.static or reward.backend != "torch" or not supports_static(reward.model):
+    if reward.static or reward.backend != "torch":
         return reward
     if compiled is None:
-        if next(reward.model.parameters()).device.type != "cuda" and not pays_on_cpu:
+        compiled = pays_on_cpu or next(reward.model.parameters()).device.type == "cuda"
+        if not compiled:
             return reward
-        compiled = True
+    if not supports_static(reward.model):  # it builds a (tiny) StaticCache to look at its layers: asked last
+        return reward
     other = copy.copy(reward)
     other.static = "compiled" if compiled else "eager"
     return other
@@ -86,9 +88,10 @@ class StaticKV:
         n = len(rows)
         if not n or hi <= lo:
             return
+        rows = rows.to(old.layers[0].keys.device)
         for new_layer, old_layer in zip(self.static.layers, old.layers):
             for name in ("keys", "values"):
-                src = getattr(old_layer, name).index_select(0, rows.to(old_layer.keys.device))[:, :, lo:hi]
+                src = getattr(old_layer, name).index_select(0, rows)[:, :, lo:hi]
                 getattr(new_layer, name)[first_row:first_row + n, :, column:column + hi - lo] = src
 
     def resize(self, slots: int, width: int, rows: int, columns: int) -> None:

@@ -112,9 +112,10 @@ class StaticScoringCache(SharedPrefixCache):
             shape = (f"{self.kv.slots} row(s)", f"{self.prefix} prefix", f"{queries} candidate tokens")
             rewards = self.compiled(shape, kwargs)
         else:
-            rewards = _rewards_of(self.model)(**kwargs)
-        # CUDA graphs reuse their output's memory on the next replay
-        return rewards[:B, :n].clone(), None
+            rewards = self.model(**kwargs).rewards
+        rewards = rewards[:B, :n]
+        # CUDA graphs reuse their output's memory on the next replay; elsewhere the output is the caller's already
+        return (rewards.clone() if self.kv.device.type == "cuda" else rewards), None
 
     # -- what SharedPrefixCache asks of a backend ----------------------------------------------------------
     def _store(self, kv) -> None:

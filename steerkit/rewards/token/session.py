@@ -23,6 +23,7 @@ from ...compiling import CompiledStep, bucket
 from ...model_copies import converted_copy
 from ..attention import additive, append_mask_4d
 from ..backends import DEFAULT_BACKEND, resolve_backend
+from ..cache import left_pad_kv
 from .model import candidate_logits, realized_logits
 from ..static_kv import MIN_COLUMNS, StaticKV
 from ..vocab import same_vocabulary
@@ -134,10 +135,7 @@ class TokenSession:
 
     def _join_past(self, other: "TokenSession", pad_self: int, pad_other: int) -> None:
         """The cached KV of this session's rows then ``other``'s, each left-padded by so many (masked) columns."""
-        def pad(t, n):
-            return torch.nn.functional.pad(t, (0, 0, n, 0)) if n else t
-
-        self.past = [torch.cat([pad(x, pad_self), pad(y.to(x.device), pad_other)])
+        self.past = [torch.cat([left_pad_kv(x, pad_self), left_pad_kv(y.to(x.device), pad_other)])
                      for x, y in zip(self.past, other.past)]
 
     def score(self, candidates: torch.Tensor) -> torch.Tensor:
@@ -244,9 +242,11 @@ class StaticTokenSession(TokenSession):
         if n == 1 and self.compiled is not None:
             query, offset = self.compiled((f"{self.kv.slots} row(s)", f"{self.kv.width} tokens"), kwargs)
         else:
-            query, offset = _projection_of(self.model)(**kwargs)
-        # CUDA graphs reuse their outputs' memory on the next replay
-        return query[:B].clone(), offset[:B].clone()
+            query, offset, _ = self.model.project(**kwargs)
+        query, offset = query[:B], offset[:B]
+        if self.kv.device.type == "cuda":  # CUDA graphs reuse their outputs' memory on the next replay
+            query, offset = query.clone(), offset.clone()
+        return query, offset
 
     def _keep_past(self, index: torch.Tensor, first: int) -> None:
         T = self.mask.shape[1]
