@@ -7,7 +7,13 @@ Prints the median and the minimum step time and writes JSON. ``benchmarks/compar
 engine`` runs it on two revisions side by side (it uses only the engine's public contract: ``Engine``,
 ``RowSpec``, ``observer.on_step``).
 
+``--configs`` runs several set-ups of the LM and the reward one after another in the same process, each as
+``DTYPE/BACKEND`` with an optional ``+compile`` (the LM's static step; the reward stays eager, as ``steerkit serve
+--compile`` keeps it on a CPU), and prints each one's step time against the first's:
+
     python benchmarks/bench_engine_step.py --rows 16 --tokens 24
+    python benchmarks/bench_engine_step.py --configs float32/torch float32/onnx-int8+compile \
+        bfloat16/torch-bf16-compute bfloat16/torch-bf16-compute+compile
 """
 
 from __future__ import annotations
@@ -37,23 +43,15 @@ class StepTimes:
         pass
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=16)
-    parser.add_argument("--tokens", type=int, default=24)
-    parser.add_argument("--k", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_engine_step.json")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    from steerkit.models import load_causal_lm_cached
-    from steerkit.rewards.loading import load_reward
+def run(lm, tokenizer, reward, args, dtype: str, compile: bool) -> tuple[list[float], int]:
+    """Step times (s) with every row running, and the tokens generated, for one set-up."""
+    from steerkit.assembly import lm_runner
     from steerkit.serving.engine import Engine
     from steerkit.serving.requests import RowSpec
 
-    lm, tokenizer, _ = load_causal_lm_cached("smollm2-135m-instruct")
     times = StepTimes(args.rows)
-    engine = Engine(lm, tokenizer, {"toxicity": load_reward("toxicity")}, default_k=args.k, max_running=args.rows,
-                    max_queue=args.rows, observer=times)
+    engine = Engine(lm_runner(lm, compile=compile, dtype=dtype), tokenizer, {"toxicity": reward}, default_k=args.k,
+                    max_running=args.rows, max_queue=args.rows, observer=times)
     prompts = ["The weather today is", "My favourite food is", "Tell me about the sea.", "The city at night"]
     specs = [RowSpec(prompts[i % len(prompts)], args.tokens, temperature=1.0, k=args.k,
                      rewards={"toxicity": -5.0 - i % 3}, seed=1000 + i) for i in range(args.rows)]
@@ -63,13 +61,43 @@ def main() -> None:
         tokens = sum(len(h.result(timeout=1800).token_ids) for h in handles)
     finally:
         engine.shutdown(0)
-    steps = times.seconds
+    return times.seconds, tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--configs", nargs="+", default=["float32/auto"],
+                        help="DTYPE/BACKEND[+compile] set-ups, run in this order; ratios are against the first")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_engine_step.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from steerkit.models import load_causal_lm_cached
+    from steerkit.rewards.loading import load_reward
+
+    lm, tokenizer, _ = load_causal_lm_cached("smollm2-135m-instruct")
+    load_before = os.getloadavg()
+    rows = []
+    for config in args.configs:
+        setup, _, compiled = config.partition("+")
+        dtype, _, backend = setup.partition("/")
+        steps, tokens = run(lm, tokenizer, load_reward("toxicity", backend=backend or "auto"), args, dtype,
+                            compiled == "compile")
+        steps = steps[1:] if compiled else steps  # a compiled run's first full step may still compile
+        rows.append({"config": config, "dtype": dtype, "backend": backend or "auto", "compile": compiled == "compile",
+                     "tokens": tokens, "steps_timed": len(steps), "step_ms_median": 1000 * statistics.median(steps),
+                     "step_ms_min": 1000 * min(steps)})
+        first = rows[0]["step_ms_median"]
+        print(f"{args.rows} rows, {config}: step {rows[-1]['step_ms_median']:.1f} ms median, "
+              f"{rows[-1]['step_ms_min']:.1f} ms min over {len(steps)} steps; {first / rows[-1]['step_ms_median']:.2f}x "
+              f"the first", flush=True)
     result = {"benchmark": "bench_engine_step", "rows": args.rows, "tokens_per_row": args.tokens, "k": args.k,
-              "tokens": tokens, "steps_timed": len(steps), "step_ms_median": 1000 * statistics.median(steps),
-              "step_ms_min": 1000 * min(steps), "torch_threads": 1,
-              "machine": platform.processor() or platform.machine(), "load_average": os.getloadavg()}
-    print(f"{args.rows} rows: step {result['step_ms_median']:.1f} ms median, {result['step_ms_min']:.1f} ms min "
-          f"over {len(steps)} steps")
+              "torch_threads": 1, "configs": rows, **{key: rows[0][key] for key in
+                                                         ("tokens", "steps_timed", "step_ms_median", "step_ms_min")},
+              "machine": platform.processor() or platform.machine(),
+              "load_average_before": load_before, "load_average": os.getloadavg()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
 

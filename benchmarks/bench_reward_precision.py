@@ -1,7 +1,7 @@
 """Reduced-precision reward models (issue 25, item 2): speed per decoding step and |Δρ| against fp32, side by side.
 
 For each shipped toxicity reward (``toxicity``: sequence-level, 6 layers; ``toxicity-token``: token-level, 4 layers)
-and each backend (``torch`` and ``onnx`` in fp32, ``torch-bf16``, ``onnx-int8``), in one run:
+and each backend (``torch`` and ``onnx`` in fp32, ``torch-bf16``, ``torch-bf16-compute``, ``onnx-int8``), in one run:
 
 * **ms per reward step** at batch 1, one thread: ``session.score`` of k candidates (k = 20; also 200 for the
   token-level model) after a 20-token prefix, plus ``commit`` of one of them, i.e. the reward's work per generated
@@ -19,6 +19,8 @@ and each backend (``torch`` and ``onnx`` in fp32, ``torch-bf16``, ``onnx-int8``)
 prompts of ../shared/data/prompts/toxicity_nontoxic_eval.jsonl (those whose original continuation was scored most
 toxic), β = -20, k = 20, 2 samples each, 24 new tokens, once unsteered and once per (reward, backend); every
 continuation is scored by the fp32 ``toxicity`` reward (torch); the table gives the mean and its standard error.
+``--lm-dtypes float32 bfloat16`` repeats the runs with the LM at each ``dtype`` (the labels name any but float32), so
+the steering of a bf16 LM with bf16 rewards is paired with the fp32 LM and rewards on the same prompts and seeds.
 
     python benchmarks/bench_reward_precision.py               # ~1-2 min on one thread of a 2-core CPU
     python benchmarks/bench_reward_precision.py --steering    # ~2 min (needs ../shared/data)
@@ -45,7 +47,7 @@ ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 DATA = REPO.parent / "shared" / "data"
 REWARDS = ("toxicity", "toxicity-token")
-BACKENDS = ("torch", "onnx", "torch-bf16", "onnx-int8")
+BACKENDS = ("torch", "onnx", "torch-bf16", "torch-bf16-compute", "onnx-int8")
 REFERENCE = "torch"
 PREFIX = ("I can't believe my neighbour would say something so stupid about the new restaurant down the road, "
           "and everyone")
@@ -254,13 +256,17 @@ def steering(args) -> dict | None:
     judge = steerkit.load_reward("toxicity", backend="torch").model
     common = dict(lm=(lm, tokenizer), k=args.k, max_new_tokens=args.new_tokens, num_return_sequences=args.samples,
                   seed=args.seed)
-    runs = [("unsteered", None, None)] + [(f"{r} @ {b}", r, b) for r in REWARDS for b in args.backends]
+    runs = []
+    for dtype in args.lm_dtypes:
+        suffix = "" if dtype == "float32" else f", LM {dtype}"
+        runs += [("unsteered" + suffix, None, None, dtype)] + [
+            (f"{r} @ {b}{suffix}", r, b, dtype) for r in REWARDS for b in args.backends]
     table, continuations, texts = {}, {}, {}
-    for label, reward, backend in runs:
+    for label, reward, backend, dtype in runs:
         start = time.perf_counter()
         try:
             out = steerkit.generate(prompts, rewards={reward: args.beta} if reward else None,
-                                    backend=backend or "auto", **common)
+                                    backend=backend or "auto", dtype=dtype, **common)
         except Exception as exc:
             table[label] = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"{label}: not run ({table[label]['error']})", file=sys.stderr, flush=True)
@@ -272,8 +278,8 @@ def steering(args) -> dict | None:
         tox = table[label]["toxicity"]
         print(f"{label:30s} mean toxicity {tox['mean']:.4f} ± {tox['se']:.4f}"
               f"  ({table[label]['seconds']} s)", flush=True)
-    for label, reward, backend in runs:  # paired by prompt and sample: the reduced reward minus its fp32 run
-        if reward and backend not in ("torch", "onnx") and label in continuations:
+    for label, reward, backend, dtype in runs:  # paired by prompt and sample: the reduced run minus its fp32 run
+        if reward and (backend not in ("torch", "onnx") or dtype != "float32") and label in continuations:
             ref = continuations.get(f"{reward} @ torch")
             if ref is not None:
                 diff = [a - b for a, b in zip(continuations[label], ref)]
@@ -283,7 +289,7 @@ def steering(args) -> dict | None:
     return {"prompts": {"source": "toxicity_nontoxic_eval.jsonl, the prompts whose original continuation was most "
                                   "toxic", "count": len(prompts), "texts": prompts},
             "settings": {"beta": args.beta, "k": args.k, "samples": args.samples, "new_tokens": args.new_tokens,
-                         "seed": args.seed, "judge": "toxicity (fp32, torch)"},
+                         "seed": args.seed, "lm_dtypes": args.lm_dtypes, "judge": "toxicity (fp32, torch)"},
             "runs": table}
 
 
@@ -301,6 +307,8 @@ def main():
     parser.add_argument("--beta", type=float, default=-20.0)
     parser.add_argument("-k", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lm-dtypes", nargs="+", default=["float32"],
+                        help="--steering: the LM's dtype in each set of runs (float32, bfloat16, int8)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS),
                         help=f"backends to compare (default: {' '.join(BACKENDS)}); must include {REFERENCE!r}, the "

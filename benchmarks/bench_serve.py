@@ -133,7 +133,7 @@ def main() -> None:
     parser.add_argument("--backend", default="auto", help="steerkit serve --backend (the reward's)")
     parser.add_argument("--compile", action="store_true", help="steerkit serve --compile (the static-shape step; "
                         "the server compiles its row buckets before it answers /health)")
-    parser.add_argument("--dtype", default="float32", help="steerkit serve --dtype: float32 or int8")
+    parser.add_argument("--dtype", default="float32", help="steerkit serve --dtype: float32, bfloat16 or int8")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_serve.json")
     args = parser.parse_args()
 

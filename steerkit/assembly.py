@@ -49,7 +49,7 @@ def assemble(lm="smollm2-135m-instruct", rewards=None, *, k: int = 20, backend: 
     ``engine="llama.cpp"`` runs the LM (a packaged model or a .gguf file) in llama.cpp, on the CPU; the step,
     the rewards and sampling are the same engine core's. ``compile=True`` runs steerkit's engine with the
     static-shape step compiled by ``torch.compile`` (:mod:`steerkit.engine.static_lm`); ``dtype="int8"`` stores the
-    LM's linear weights in int8 (:mod:`steerkit.engine.lm_int8`)."""
+    LM's linear weights in int8, ``dtype="bfloat16"`` in bf16 with bf16 matmuls (:mod:`steerkit.engine.lm_int8`)."""
     from .devices import place, resolve_device
     from .params import parse_rewards, resolve_terms
     from .terms import reference_loader
@@ -98,6 +98,10 @@ def lm_runner(model, *, compile: bool = False, dtype: str = "float32"):
         from .engine.lm_int8 import as_int8
 
         model = as_int8(model)
+    elif dtype == "bfloat16":
+        from .engine.lm_int8 import as_bf16_lm
+
+        model = as_bf16_lm(model)
     if compile:
         from .engine.static_lm import StaticLM
 
@@ -171,7 +175,7 @@ def generate(prompts: Sequence[str] | str, *, lm="smollm2-135m-instruct", reward
     ``engine="llama.cpp"`` runs a packaged or .gguf LM in llama.cpp (the ``llama-cpp`` extra; docs/llama_cpp.md)
     with the same step, rewards and random stream. ``compile=True`` runs steerkit's engine on the static-shape step
     compiled once per shape (the first call of a shape compiles for up to a few minutes; docs/performance.md);
-    ``dtype="int8"`` runs the LM with int8 weights.
+    ``dtype="int8"`` runs the LM with int8 weights, ``dtype="bfloat16"`` with bf16 weights and matmuls.
     """
     return assemble(lm, rewards, k=k, backend=backend, device=device, engine=engine, compile=compile,
                     dtype=dtype).generate(prompts, **kwargs)

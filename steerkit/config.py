@@ -32,7 +32,7 @@ BackendName = Annotated[str, AfterValidator(check_backend_name)]
 EngineName = Literal["steerkit", "llama.cpp"]
 """Which engine runs the LM (:data:`steerkit.validators.ENGINES`)."""
 
-LMDtype = Literal["float32", "int8"]
+LMDtype = Literal["float32", "bfloat16", "int8"]
 """The LM's weights in steerkit's engine (:data:`steerkit.validators.LM_DTYPES`)."""
 
 
@@ -68,7 +68,7 @@ class SteeringConfig(ValidatedConfig):
     engine: EngineName = "steerkit"
     #: steerkit's engine on the static-shape step compiled by torch.compile (docs/performance.md, "CPU decoding")
     compile: bool = False
-    #: the LM's weights in steerkit's engine: float32 as loaded, or weight-only int8
+    #: the LM's weights in steerkit's engine: float32 as loaded, bfloat16 (bf16 weights and matmuls), weight-only int8
     dtype: LMDtype = "float32"
     prompts: list[str] = []
 

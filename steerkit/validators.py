@@ -159,7 +159,7 @@ def validate_engine(engine) -> str:
 
 
 #: The weights steerkit's engine runs the LM in: as loaded, or weight-only int8 (:mod:`steerkit.engine.lm_int8`).
-LM_DTYPES = ("float32", "int8")
+LM_DTYPES = ("float32", "bfloat16", "int8")
 
 
 def validate_lm_options(engine, compile, dtype) -> tuple[str, bool, str]:
@@ -170,7 +170,7 @@ def validate_lm_options(engine, compile, dtype) -> tuple[str, bool, str]:
         raise InvalidArgumentError(f"compile must be True or False, got {compile!r}.")
     if dtype not in LM_DTYPES:
         raise InvalidArgumentError(f"dtype={dtype!r}: choose one of {', '.join(map(repr, LM_DTYPES))} (the LM's "
-                                   "weights: as loaded, or weight-only int8).")
+                                   "weights: as loaded, bf16 weights and matmuls, or weight-only int8).")
     if engine == "llama.cpp" and (compile or dtype != "float32"):
         raise InvalidArgumentError(
             "compile and dtype apply to engine='steerkit'; llama.cpp runs a GGUF file at the precision it was "

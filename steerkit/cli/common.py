@@ -44,9 +44,10 @@ err = message_console()
 
 #: ``--backend`` help, one text for every command (tests/unit/test_cli_backend_help.py checks it names every built-in)
 BACKEND_HELP = ("Reward backend: auto (an ONNX export runs on onnx, anything else on torch), torch, onnx, onnx-int8, "
-                "torch-bf16, llama.cpp, llama.cpp-q8, or a plugin's (docs/backends.md).")
+                "torch-bf16, torch-bf16-compute, llama.cpp, llama.cpp-q8, or a plugin's (docs/backends.md).")
 
 
 COMPILE_HELP = ("steerkit's engine on the static-shape step compiled by torch.compile: faster per token once compiled "
                 "(the first run of a shape compiles for up to a few minutes; cached on disk). \\[default: no-compile]")
-DTYPE_HELP = "The LM's weights in steerkit's engine: float32 (as loaded) or int8 (weight-only). \\[default: float32]"
+DTYPE_HELP = ("The LM's weights in steerkit's engine: float32 (as loaded), bfloat16 (bf16 weights and matmuls; fast on "
+              "CPUs with AVX512_BF16 or AMX, and on CUDA) or int8 (weight-only). \\[default: float32]")

@@ -1,5 +1,14 @@
-"""Weight-only int8 for the LM (``dtype="int8"``, ``steerkit generate/serve --dtype int8``; issue 25).
+"""The LM's reduced-precision copies: weight-only int8 (``dtype="int8"``) and bfloat16 matmuls
+(``dtype="bfloat16"``), for ``steerkit generate/serve --dtype`` (issue 25).
 
+**bfloat16** (:func:`as_bf16_lm`): every ``nn.Linear`` of the LM (projections, MLP, output head) stores its weight in
+bf16 and multiplies in bf16 (the input rounded to bf16, fp32 accumulation, the output returned as float32), the
+layer :class:`steerkit.bf16.Bf16MatmulLinear` that the ``torch-bf16-compute`` reward backend uses.
+Embeddings, norms, attention, the KV cache and the logits stay float32. On a CPU with AVX512_BF16 (or AMX) and on
+CUDA the products run 2-4x faster than float32 at 16 rows; on a CPU without them, slower. Greedy tokens can differ
+from float32's where two candidates are close: docs/performance.md ("bf16 matmuls") has the agreement measured.
+
+**int8**:
 Every ``nn.Linear`` of the LM (the attention and MLP projections and the output head) stores its weight as int8
 with one float32 scale per output row (symmetric, max-abs / 127); activations, norms, embeddings and the KV cache
 stay float32, and each matmul runs on the weight dequantized to float32. Eagerly that dequantization is one more
@@ -49,6 +58,20 @@ def int8_weights(model: nn.Module) -> nn.Module:
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, Int8Linear(module))
     return model
+
+
+def as_bf16_lm(model: nn.Module) -> nn.Module:
+    """A copy of the LM ``model`` with every ``nn.Linear`` in bf16 with bf16 matmuls, made once per model object."""
+    from ..bf16 import BF16_COMPUTE, bf16_linears
+
+    def convert(original):
+        lm = copy.deepcopy(original)
+        if not bf16_linears(lm, BF16_COMPUTE):
+            raise ModelFormatError(f"dtype='bfloat16' found no linear layer in {type(original).__name__}; run it "
+                                   "with dtype='float32'.")
+        return lm.eval()
+
+    return converted_copy(model, "lm-bf16", convert)
 
 
 def as_int8(model: nn.Module) -> nn.Module:

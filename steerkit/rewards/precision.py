@@ -1,4 +1,5 @@
-"""Reduced-precision reward models: what the ``torch-bf16`` and ``onnx-int8`` backends run.
+"""Reduced-precision reward models: what the ``torch-bf16``, ``torch-bf16-compute`` and ``onnx-int8`` backends run,
+and the bfloat16 linear layers the LM's ``dtype="bfloat16"`` uses too (:mod:`steerkit.engine.lm_bf16`).
 
 A precision is chosen by naming a backend (:mod:`steerkit.rewards.builtin_backends`), so it reaches every place a
 backend name does (``load_reward``, ``generate``, config files, ``--backend``, the server):
@@ -10,6 +11,9 @@ torch      fp32         the reward model's own weights (the default where ``auto
 onnx       fp32         a verified ONNX export in onnxruntime
 torch-bf16 bf16 storage the backbone's linear weights stored in bfloat16 (half their memory), each upcast to the
                         activations' float32 for its matmul (:func:`bf16_weights`, here)
+torch-bf16 bf16 matmuls the same weights, and each matmul's input rounded to bfloat16: the product runs in bf16
+-compute                (fp32 accumulation) and is returned as float32. Fast only where the hardware multiplies
+                        bf16 natively (a CPU with AVX512_BF16 or AMX, a CUDA GPU); elsewhere slower than fp32
 onnx-int8  int8         the ONNX export with the backbone's matmul weights in 8 bits, computed in int8 by
                         onnxruntime's MatMulNBits (:mod:`steerkit.rewards.onnx.quantize`)
 ========== ============ =====================================================================================
@@ -22,78 +26,50 @@ from __future__ import annotations
 
 import copy
 
-import torch
 from torch import nn
-from torch.nn import functional as F
 
+from ..bf16 import BF16, BF16_COMPUTE, Bf16Linear, Bf16MatmulLinear, bf16_linears  # noqa: F401 (re-exported)
 from ..errors import RewardModelFormatError
 from ..model_copies import converted_copy
 
-BF16 = "bf16"
 #: the attribute that marks a model whose weights :func:`bf16_weights` converted
 MARK = "_steerkit_precision"
 
 
-class Bf16Linear(nn.Linear):
-    """An ``nn.Linear`` whose weight is stored in bfloat16 and upcast to the input's dtype for each matmul."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.weight.to(x.dtype), bias)
-
-
-def _conv1d_class():
-    try:
-        from transformers.pytorch_utils import Conv1D
-    except ImportError:  # a transformers without GPT-2's Conv1D: nothing to convert
-        return None
-
-    class Bf16Conv1D(Conv1D):
-        """GPT-2's ``Conv1D`` (``x @ W + b``, W [in, out]) with W stored in bfloat16, upcast for each matmul."""
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            size_out = x.size()[:-1] + (self.nf,)
-            x = torch.addmm(self.bias.to(x.dtype), x.view(-1, x.size(-1)), self.weight.to(x.dtype))
-            return x.view(size_out)
-
-    return Conv1D, Bf16Conv1D
-
-
-def bf16_weights(model: nn.Module) -> nn.Module:
+def bf16_weights(model: nn.Module, precision: str = BF16) -> nn.Module:
     """Store the weights of ``model.backbone``'s linear layers (``nn.Linear`` and GPT-2's ``Conv1D``) in bfloat16,
-    in place, and have each upcast its weight to the activations' dtype (float32) for its matmul. Biases, norms,
+    in place (:func:`bf16_linears`): ``precision=BF16`` (backend ``torch-bf16``) upcasts each to the activations'
+    float32 for its matmul; ``BF16_COMPUTE`` (``torch-bf16-compute``) runs each matmul in bfloat16. Biases, norms,
     the token embeddings and the reward (or token) head stay float32, and so do activations and the KV cache.
 
     Returns ``model``, marked as converted (a second call changes nothing). A backbone without such layers raises
     :class:`~steerkit.errors.RewardModelFormatError`."""
-    if getattr(model, MARK, None) == BF16:
+    backend = BACKEND_OF[precision]
+    marked = getattr(model, MARK, None)
+    if marked == precision:
         return model
+    if marked is not None:
+        raise RewardModelFormatError(f"backend {backend!r} was given a reward model already converted for "
+                                     f"{BACKEND_OF.get(marked, marked)!r}; load it again from its directory.")
     backbone = getattr(model, "backbone", None)
     if backbone is None:
-        raise RewardModelFormatError(f"backend 'torch-bf16' needs a steerkit reward model (with a backbone), got "
+        raise RewardModelFormatError(f"backend {backend!r} needs a steerkit reward model (with a backbone), got "
                                      f"{type(model).__name__}.")
-    conv = _conv1d_class()
-    converted = 0
-    for module in backbone.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = Bf16Linear
-        elif conv is not None and type(module) is conv[0]:
-            module.__class__ = conv[1]
-        else:
-            continue
-        module.weight = nn.Parameter(module.weight.detach().to(torch.bfloat16), requires_grad=False)
-        converted += 1
-    if not converted:
-        raise RewardModelFormatError(f"backend 'torch-bf16' found no linear layer in the backbone of "
+    if not bf16_linears(backbone, precision):
+        raise RewardModelFormatError(f"backend {backend!r} found no linear layer in the backbone of "
                                      f"{model.config.name!r} to store in bfloat16; use backend 'torch'.")
-    setattr(model, MARK, BF16)
+    setattr(model, MARK, precision)
     return model
 
 
-def as_bf16(model: nn.Module) -> nn.Module:
-    """``model`` itself when its weights are already bf16 (what the ``torch-bf16`` backend loads), else a bf16 copy
-    of it, made once per model object (the model handed in keeps its float32 weights; changes to them afterwards
-    are not seen by the copy)."""
-    if getattr(model, MARK, None) == BF16:
+#: the backend that runs each bf16 precision
+BACKEND_OF = {BF16: "torch-bf16", BF16_COMPUTE: "torch-bf16-compute"}
+
+
+def as_bf16(model: nn.Module, precision: str = BF16) -> nn.Module:
+    """``model`` itself when its weights are already converted for ``precision`` (what the ``torch-bf16`` and
+    ``torch-bf16-compute`` backends load), else a converted copy of it, made once per model object and precision (the
+    model handed in keeps its float32 weights; changes to them afterwards are not seen by the copy)."""
+    if getattr(model, MARK, None) == precision:
         return model
-    return converted_copy(model, BF16, lambda m: bf16_weights(copy.deepcopy(m)))
+    return converted_copy(model, precision, lambda m: bf16_weights(copy.deepcopy(m), precision))

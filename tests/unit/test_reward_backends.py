@@ -21,8 +21,8 @@ from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.rewards.sequence.torch_cache import TorchScoringCache
 
 #: steerkit's own backends, in registration order: fp32 first, then the reduced-precision ones
-BUILTIN = ["torch", "onnx", "torch-bf16", "onnx-int8"]
-BUILTIN_CHOICES = "'torch', 'onnx', 'torch-bf16', 'onnx-int8', 'llama.cpp' or 'llama.cpp-q8'"
+BUILTIN = ["torch", "onnx", "torch-bf16", "torch-bf16-compute", "onnx-int8"]
+BUILTIN_CHOICES = "'torch', 'onnx', 'torch-bf16', 'torch-bf16-compute', 'onnx-int8', 'llama.cpp' or 'llama.cpp-q8'"
 #: registered by steerkit.rewards.llama_cpp.backend, a built-in plugin module of its own, after BUILTIN
 LLAMA_CPP = ["llama.cpp", "llama.cpp-q8"]
 
@@ -74,10 +74,10 @@ def test_builtin_backends_register_through_the_hook():
     registry.reset()
     info = next(p for p in registry.list_plugins() if p.name == "steerkit.rewards.builtin_backends")
     assert info.source == "builtin" and info.hooks == ["register_reward_backends"] and not info.errors
-    assert info.backends == BUILTIN and backend_names()[:4] == BUILTIN
+    assert info.backends == BUILTIN and backend_names()[:len(BUILTIN)] == BUILTIN
     assert isinstance(get_backend("torch"), TorchBackend) and isinstance(get_backend("onnx"), OnnxBackend)
     assert get_backend("torch") is get_backend("steerkit:torch")  # built once, qualified names work
-    assert [r.name for r in registry.list_backends()][:4] == BUILTIN
+    assert [r.name for r in registry.list_backends()][:len(BUILTIN)] == BUILTIN
 
 
 def test_unknown_backend_lists_the_registered_ones(reward_dir, lm, tokenizer):
@@ -94,10 +94,10 @@ def test_unknown_backend_lists_the_registered_ones(reward_dir, lm, tokenizer):
 
 
 def test_a_plugin_backend_runs_everywhere_a_backend_name_goes(plugin_backend, reward_dir, lm, tokenizer):
-    assert backend_names()[:7] == [*BUILTIN, *LLAMA_CPP, "counting"]
+    assert backend_names()[:len(BUILTIN) + len(LLAMA_CPP) + 1] == [*BUILTIN, *LLAMA_CPP, "counting"]
     assert SteeringConfig.from_dict({"backend": "counting"}).backend == "counting"
     assert EvalConfig.from_dict({"backend": "counting"}).backend == "counting"
-    with pytest.raises(ConfigError, match="'torch', 'onnx', 'torch-bf16', 'onnx-int8', 'llama.cpp', 'llama.cpp-q8', 'counting' or 'not-a-backend'"):
+    with pytest.raises(ConfigError, match="'torch', 'onnx', 'torch-bf16', 'torch-bf16-compute', 'onnx-int8', 'llama.cpp', 'llama.cpp-q8', 'counting' or 'not-a-backend'"):
         SteeringConfig.from_dict({"backend": "nope"})
 
     scorer = load_reward(str(reward_dir), backend="counting", context="full")

@@ -1,4 +1,5 @@
-"""Reduced-precision reward backends (issue 25, item 2): ``onnx-int8`` and ``torch-bf16`` on tiny random models.
+"""Reduced-precision reward backends (issue 25, item 2): ``onnx-int8``, ``torch-bf16`` and ``torch-bf16-compute`` on
+tiny random models.
 
 Each precision must stay near fp32 (within a stated bound) and must *not* be bit-identical to it, so a quantization
 that is silently skipped fails as surely as a broken one. The int8 export is cached next to the fp32 export and
@@ -17,7 +18,7 @@ import torch
 import steerkit
 from steerkit.errors import ConfigError, ExportError, InvalidArgumentError
 from steerkit.rewards.model import RewardModel, TokenHeadSettings
-from steerkit.rewards.precision import Bf16Linear, as_bf16, bf16_weights
+from steerkit.rewards.precision import BF16, BF16_COMPUTE, Bf16Linear, Bf16MatmulLinear, as_bf16, bf16_weights
 from steerkit.rewards.token.model import TokenRewardModel
 
 TEXTS = ["The quick brown fox jumps over", "You are a wonderful friend", "I hate", "Café déjà vu 🙂",
@@ -27,6 +28,11 @@ TEXTS = ["The quick brown fox jumps over", "You are a wonderful friend", "I hate
 #: 0.0011 token). A broken quantization is off by 0.1 or more (the export's own probe refuses it beyond 0.1).
 INT8_BOUND = 0.05
 BF16_BOUND = 0.01
+#: bf16 matmuls round each product's input and output to bf16 too (measured: 0.0058 sequence, 0.0026 token)
+BF16_COMPUTE_BOUND = 0.015
+#: backend -> (precision, its linear layer, |Δρ| bound)
+BF16_BACKENDS = {"torch-bf16": (BF16, Bf16Linear, BF16_BOUND),
+                 "torch-bf16-compute": (BF16_COMPUTE, Bf16MatmulLinear, BF16_COMPUTE_BOUND)}
 
 
 def _int8_ready():
@@ -100,27 +106,33 @@ def test_int8_rewards_are_near_fp32_and_not_identical(which, request, tokenizer,
     assert 0 < gap <= INT8_BOUND, gap
 
 
+@pytest.mark.parametrize("backend", sorted(BF16_BACKENDS))
 @pytest.mark.parametrize("which", ["reward_dir", "token_dir"], ids=["sequence", "token"])
-def test_bf16_rewards_are_near_fp32_and_not_identical(which, request, tokenizer):
+def test_bf16_rewards_are_near_fp32_and_not_identical(which, backend, request, tokenizer):
     directory = request.getfixturevalue(which)
-    fp32, bf16 = steerkit.load_reward(str(directory)), steerkit.load_reward(str(directory), backend="torch-bf16")
-    assert bf16.backend == "torch-bf16"
+    _, layer, bound = BF16_BACKENDS[backend]
+    fp32, bf16 = steerkit.load_reward(str(directory)), steerkit.load_reward(str(directory), backend=backend)
+    assert bf16.backend == backend
     linears = [m for m in bf16.model.backbone.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(type(m) is Bf16Linear and m.weight.dtype == torch.bfloat16 for m in linears)
+    assert linears and all(type(m) is layer and m.weight.dtype == torch.bfloat16 for m in linears)
     # only the backbone's matmul weights: embeddings, norms, the head, activations and the KV cache stay fp32
     assert bf16.model.backbone.get_input_embeddings().weight.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in bf16.model.head.parameters())
     gap, identical = _gap(fp32, bf16, tokenizer)
     assert not identical, "the bf16 rewards are exactly fp32's: the weights were not stored in bf16"
-    assert 0 < gap <= BF16_BOUND, gap
+    assert 0 < gap <= bound, gap
 
 
-def test_bf16_of_an_in_memory_model_converts_a_copy_once(reward_dir):
+@pytest.mark.parametrize("backend", sorted(BF16_BACKENDS))
+def test_bf16_of_an_in_memory_model_converts_a_copy_once(backend, reward_dir):
+    precision, layer, _ = BF16_BACKENDS[backend]
     model = RewardModel.from_pretrained(reward_dir)
-    scorer = steerkit.RewardModelScorer(model, backend="torch-bf16")
+    scorer = steerkit.RewardModelScorer(model, backend=backend)
     enc = model.encode(["I hate it"])
     cache = scorer.new_cache(enc["input_ids"], enc["attention_mask"])
-    assert cache.model is not model and cache.model is as_bf16(model) and bf16_weights(cache.model) is cache.model
+    assert cache.model is not model and cache.model is as_bf16(model, precision)
+    assert bf16_weights(cache.model, precision) is cache.model
+    assert any(type(m) is layer for m in cache.model.backbone.modules())
     assert all(type(m) is torch.nn.Linear and m.weight.dtype == torch.float32  # the caller's model is untouched
                for m in model.backbone.modules() if isinstance(m, torch.nn.Linear))
 
@@ -224,7 +236,7 @@ def test_an_unknown_precision_backend_is_a_typed_error_listing_the_choices(rewar
 
     for bad in ("onnx-int4", "int8", "bf16"):
         with pytest.raises(InvalidArgumentError, match=f"Unknown reward backend '{bad}'; use 'torch', 'onnx', "
-                                                       "'torch-bf16'(,| or) 'onnx-int8'"):
+                                                       "'torch-bf16', 'torch-bf16-compute'(,| or) 'onnx-int8'"):
             steerkit.load_reward(str(reward_dir), backend=bad)
         with pytest.raises(ConfigError, match=f"backend: Unknown reward backend '{bad}'"):
             SteeringConfig.from_dict({"backend": bad})
@@ -260,8 +272,17 @@ def test_bf16_of_a_model_without_linear_layers_is_a_typed_error():
         bf16_weights(torch.nn.Linear(2, 2))
 
 
+def test_a_model_converted_for_one_bf16_backend_is_refused_by_the_other(reward_dir):
+    from steerkit.errors import RewardModelFormatError
+
+    stored = steerkit.load_reward(str(reward_dir), backend="torch-bf16").model
+    with pytest.raises(RewardModelFormatError, match="already converted for 'torch-bf16'; load it again"):
+        bf16_weights(stored, BF16_COMPUTE)
+
+
 # -- steering end to end, through every surface a backend name reaches ----------------------------------------------
-@pytest.mark.parametrize("backend", [pytest.param("onnx-int8", marks=requires_int8), "torch-bf16"])
+@pytest.mark.parametrize("backend", [pytest.param("onnx-int8", marks=requires_int8), "torch-bf16",
+                                     "torch-bf16-compute"])
 def test_steering_runs_end_to_end(backend, reward_dir, token_dir, lm, tokenizer, steerkit_cache, tmp_path):
     from typer.testing import CliRunner
 
@@ -285,7 +306,7 @@ def test_steering_runs_end_to_end(backend, reward_dir, token_dir, lm, tokenizer,
     assert result.exit_code == 0, result.output
     rewards = [r["reward"] for r in json.loads(result.stdout)["results"]]
     reference = RewardModel.from_pretrained(reward_dir).score_texts(["I hate it", "hello"])
-    bound = INT8_BOUND if backend == "onnx-int8" else BF16_BOUND
+    bound = INT8_BOUND if backend == "onnx-int8" else BF16_BACKENDS[backend][2]
     assert max(abs(a - b) for a, b in zip(rewards, reference)) <= bound
     lm_dir = tmp_path / "lm"
     lm.save_pretrained(lm_dir)
@@ -309,14 +330,17 @@ def _gpt2_reward(tokenizer):
     return rm
 
 
-def test_bf16_converts_gpt2_conv1d_layers(tokenizer):
+@pytest.mark.parametrize("backend", sorted(BF16_BACKENDS))
+def test_bf16_converts_gpt2_conv1d_layers(backend, tokenizer):
+    precision, _, bound = BF16_BACKENDS[backend]
     rm = _gpt2_reward(tokenizer)
     reference = torch.tensor(rm.score_texts(TEXTS))
-    converted = bf16_weights(_gpt2_reward(tokenizer))
-    layers = [m for m in converted.backbone.modules() if type(m).__name__ == "Bf16Conv1D"]
+    converted = bf16_weights(_gpt2_reward(tokenizer), precision)
+    name = "Bf16Conv1D" if precision == BF16 else "Bf16MatmulConv1D"
+    layers = [m for m in converted.backbone.modules() if type(m).__name__ == name]
     assert len(layers) == 8 and all(m.weight.dtype == torch.bfloat16 for m in layers)  # 4 per block
     gap = float((torch.tensor(converted.score_texts(TEXTS)) - reference).abs().max())
-    assert 0 < gap <= BF16_BOUND, gap
+    assert 0 < gap <= bound, gap
 
 
 @requires_int8

@@ -1,4 +1,4 @@
-"""The static-shape step (steerkit/engine/static_lm.py, ``compile=True``) and the int8 LM (``dtype="int8"``) on tiny
+"""The static-shape step (steerkit/engine/static_lm.py, ``compile=True``) and the int8 and bf16 LMs (``dtype=``) on tiny
 random models: the static layout gives the eager engine's logits through every way rows join and leave, the compiled
 step gives the eager engine's tokens, a shape compiles once, and bad options are typed errors."""
 
@@ -13,7 +13,7 @@ from steerkit.assembly import lm_runner
 from steerkit.cli import app
 from steerkit.config import SteeringConfig
 from steerkit.engine.lm_cache import LMBatch
-from steerkit.engine.lm_int8 import Int8Linear, as_int8
+from steerkit.engine.lm_int8 import Int8Linear, as_bf16_lm, as_int8
 from steerkit.engine.static_lm import MIN_WIDTH, StaticLM, StaticLMBatch, bucket
 from steerkit.errors import ConfigError, InvalidArgumentError
 from steerkit.rewards.sequence.scorer import RewardModelScorer
@@ -161,6 +161,46 @@ def test_int8_generate_runs_eagerly_and_compiled_alike(lm, tokenizer, reward_mod
     assert torch.equal(eager.sequences, compiled.sequences)
 
 
+def test_bf16_lm_runs_every_linear_in_bf16_and_stays_close_to_float32(lm):
+    from steerkit.bf16 import Bf16MatmulLinear
+
+    b = as_bf16_lm(lm)
+    assert b is as_bf16_lm(lm) and b is not lm  # one copy per model; the float32 LM is untouched
+    linears = [m for m in b.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is Bf16MatmulLinear and m.weight.dtype == torch.bfloat16 for m in linears)
+    assert lm.lm_head.weight.dtype == torch.float32 and b.get_input_embeddings().weight.dtype == torch.float32
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        a, c = lm(ids).logits, b(ids).logits
+    assert c.dtype == torch.float32 and not torch.equal(a, c)
+    # bf16 keeps 8 significant bits: each product is within a few bf16 steps (2^-8) of float32's
+    assert (a - c).abs().max().item() < 0.03 * a.abs().max().item()
+
+
+def test_bf16_matmul_layer_is_the_bf16_product_returned_in_float32():
+    from steerkit.bf16 import BF16_COMPUTE, bf16_linears
+
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 48))
+    x = torch.randn(5, 64)
+    exact = layer(x)
+    assert bf16_linears(layer, BF16_COMPUTE) == 1
+    y = layer(x)
+    w, bias = layer[0].weight, layer[0].bias
+    assert y.dtype == torch.float32 and bias.dtype == torch.float32
+    # the product of the bf16-rounded input and weight (summed in float32 or wider), rounded once to bf16, plus the
+    # float32 bias: within one bf16 step of it (the order of the sum may move a value across a rounding boundary)
+    product = x.bfloat16().double() @ w.double().T
+    assert ((y - bias).double() - product).abs().le(product.abs() * 2 ** -8 + 1e-6).all()
+    assert 0 < (y - exact).abs().max().item() < 0.05
+
+
+def test_bf16_generate_runs_eagerly_and_compiled_alike(lm, tokenizer, reward_model, inductor_cache):
+    eager = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="bfloat16")
+    compiled = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="bfloat16", compile=True)
+    assert torch.equal(eager.sequences, compiled.sequences)
+
+
 def test_lm_runner_wraps_in_order(lm):
     runner = lm_runner(lm, compile=True, dtype="int8")
     assert isinstance(runner, StaticLM) and runner.model is as_int8(lm)
@@ -171,7 +211,8 @@ def test_lm_runner_wraps_in_order(lm):
 
 @pytest.mark.parametrize("kw, message", [
     ({"compile": "yes"}, "compile must be True or False"),
-    ({"dtype": "int4"}, "dtype='int4': choose one of 'float32', 'int8'"),
+    ({"dtype": "int4"}, "dtype='int4': choose one of 'float32', 'bfloat16', 'int8'"),
+    ({"engine": "llama.cpp", "dtype": "bfloat16"}, "compile and dtype apply to engine='steerkit'"),
     ({"engine": "llama.cpp", "compile": True}, "compile and dtype apply to engine='steerkit'"),
     ({"engine": "llama.cpp", "dtype": "int8"}, "compile and dtype apply to engine='steerkit'"),
 ])
@@ -193,7 +234,7 @@ def test_config_and_cli_carry_compile_and_dtype(tmp_path, tiny_backbone_dir):
     payload = json.loads(result.stdout)
     assert (payload["compile"], payload["dtype"]) == (False, "int8") and payload["generations"][0]["num_new_tokens"] == 4
     bad = CliRunner().invoke(app, ["generate", "hello", "--lm", str(tiny_backbone_dir), "--dtype", "bf16"])
-    assert isinstance(bad.exception, ConfigError) and "dtype: Input should be 'float32' or 'int8'" in str(bad.exception)
+    assert isinstance(bad.exception, ConfigError) and "dtype: Input should be 'float32', 'bfloat16' or 'int8'" in str(bad.exception)
 
 
 def test_the_servers_setup_path_gives_the_compiled_int8_lm(tiny_backbone_dir):
