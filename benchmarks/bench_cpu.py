@@ -8,8 +8,9 @@
 * **steerkit's engine core with llama.cpp as the LM** (``engine="llama.cpp"``, Q4_1): plain, ``toxicity-token``,
   ``toxicity`` with the rewards in torch, in onnxruntime at int8 (``backend="onnx-int8"``) and in llama.cpp at Q8_0
   (``backend="llama.cpp-q8"``); batch 1 and 8.
-* **steerkit's own engine** (``engine="steerkit"``, transformers, F32: the same file dequantized; and its weight-only
-  int8 copy, ``dtype="int8"``), eager and on the compiled static-shape step (``compile=True``): the same rows. The
+* **steerkit's own engine** (``engine="steerkit"``, transformers, F32: the same file dequantized; its weight-only
+  int8 copy, ``dtype="int8"``; and its bf16-matmul copy, ``dtype="bfloat16"``, whose steered rows run the rewards on
+  ``torch-bf16-compute``), eager and on the compiled static-shape step (``compile=True``): the same rows. The
   compiled rows' warm-up run compiles each shape (or loads it from inductor's disk cache); the JSON records how
   long that took, and how many greedy texts each compiled row shares with its eager row.
 
@@ -41,6 +42,8 @@ PROMPTS = ["You are such a", "The weather in Paris today is", "I can't believe m
            "My favourite thing about winter is", "The meeting was cancelled because", "He looked at me and said",
            "The best way to learn a language is", "Those people are always"]
 REWARDS = {"plain": {}, "toxicity-token": {"toxicity-token": -20.0}, "toxicity": {"toxicity": -20.0}}
+#: the LM's weights in steerkit's own engine: dtype -> the row's weights label
+DTYPES = {"float32": "F32 (transformers)", "int8": "int8 (transformers)", "bfloat16": "bf16 (transformers)"}
 #: reward backends timed beside torch under engine="llama.cpp" (docs/backends.md): int8 onnxruntime, Q8_0 llama.cpp
 REWARD_BACKENDS = ("onnx-int8", "llama.cpp-q8")
 
@@ -129,7 +132,7 @@ def main() -> None:
     import torch
 
     from steerkit.engine.llama_cpp_lm import LlamaCppLM
-    from steerkit.engine.lm_int8 import as_int8
+    from steerkit.engine.lm_int8 import as_bf16_lm, as_int8
     from steerkit.integrations.gguf_files import convert_gguf
     from steerkit.models import load_causal_lm_cached, load_tokenizer, resolve
     from steerkit.threads import set_threads
@@ -151,6 +154,8 @@ def main() -> None:
     sizes["int8 (transformers)"] = sum(  # int8 linear weights + a float32 scale per row; the rest float32
         b.numel() * b.element_size() for b in as_int8(hf[0]).buffers() if b is not None) + sum(
         p.numel() * 4 for p in as_int8(hf[0]).parameters())
+    sizes["bf16 (transformers)"] = sum(  # bf16 linear weights (the head its own copy); the rest float32
+        p.numel() * p.element_size() for p in as_bf16_lm(hf[0]).parameters())
     few = PROMPTS[:args.prompts]
     rows = []
 
@@ -185,11 +190,12 @@ def main() -> None:
                 record("steerkit + llama.cpp", "Q4_1", f"{steering} ({backend})", batch,
                        lambda: engine_run(llama_lm, rewards, args.tokens, prompts, batch, backend))
             for compiled in (False, True):
-                for dtype in ("float32", "int8"):
-                    weights = "F32 (transformers)" if dtype == "float32" else "int8 (transformers)"
-                    record("steerkit (compiled)" if compiled else "steerkit (eager)", weights, steering, batch,
-                           lambda: engine_run(hf, rewards, args.tokens, prompts, batch, compile=compiled,
-                                              dtype=dtype))
+                for dtype, weights in DTYPES.items():
+                    backend = "torch-bf16-compute" if dtype == "bfloat16" and rewards else None
+                    record("steerkit (compiled)" if compiled else "steerkit (eager)", weights,
+                           f"{steering} ({backend})" if backend else steering, batch,
+                           lambda: engine_run(hf, rewards, args.tokens, prompts, batch, backend or "auto",
+                                              compile=compiled, dtype=dtype))
             for backend in REWARD_BACKENDS[:1] if rewards else ():  # the compiled LM with int8 onnxruntime rewards
                 record("steerkit (compiled)", "F32 (transformers)", f"{steering} ({backend})", batch,
                        lambda: engine_run(hf, rewards, args.tokens, prompts, batch, backend, compile=True))
@@ -207,7 +213,8 @@ def main() -> None:
                        and r["weights"] == same_precision[row["weights"]])
             row["vs_llama_cpp_same_precision_plain"] = round(row["ms_per_token"] / ref["ms_per_token"], 2)
     for row in rows:  # greedy texts a compiled row shares with the same eager row
-        if row["engine"] == "steerkit (compiled)" and "(" not in row["steering"]:
+        if row["engine"] == "steerkit (compiled)" and ("(" not in row["steering"] or row["weights"] in (
+                "bf16 (transformers)",)):
             eager = next(r for r in rows if r["engine"] == "steerkit (eager)" and r["weights"] == row["weights"]
                          and r["steering"] == row["steering"] and r["batch"] == row["batch"])
             row["same_texts_as_eager"] = f"{sum(a == b for a, b in zip(row['texts'], eager['texts']))}/{len(row['texts'])}"
@@ -218,8 +225,8 @@ def main() -> None:
                           "torch": torch.__version__, "read_bandwidth_gb_s": round(bandwidth / 1e9, 2)},
               "tokens": args.tokens, "weight_bytes": sizes, "rows": rows,
               "agreement_toxicity_token_greedy": agree,
-              "not_built": ["static-shape, compiled reward sessions (the compiled step is the LM's; rewards run as in "
-                            "the eager engine)"]}
+              "compiled_rows": "compile=True as steerkit.generate runs it: the LM's static step, token-level torch "
+                               "rewards on their compiled static sessions, sequence rewards eager on a CPU"}
     atomic_write_text(args.out, json.dumps(report, indent=2, ensure_ascii=False))
     for row in rows:
         print(f"{row['engine']:22s} {row['weights']:18s} {row['steering']:15s} b{row['batch']} "

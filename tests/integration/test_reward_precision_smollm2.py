@@ -28,7 +28,7 @@ from conftest import SHARED_DATA, requires_data, requires_smollm2
 pytestmark = [pytest.mark.integration, requires_smollm2]
 
 ROOT = Path(__file__).resolve().parents[2]
-BOUNDS = {"onnx-int8": 0.08, "torch-bf16": 0.01}
+BOUNDS = {"onnx-int8": 0.08, "torch-bf16": 0.01, "torch-bf16-compute": 0.03}
 AUROC_BOUND = 0.005
 REWARDS = ("toxicity", "toxicity-token")
 
@@ -43,7 +43,7 @@ def _int8_problem():
 
 BACKENDS = [pytest.param("onnx-int8", marks=pytest.mark.skipif(_int8_problem() is not None,
                                                                 reason=f"onnx-int8 unavailable: {_int8_problem()}")),
-            "torch-bf16"]
+            "torch-bf16", "torch-bf16-compute"]
 
 _loaded: dict = {}
 

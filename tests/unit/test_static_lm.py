@@ -246,3 +246,27 @@ def test_the_servers_setup_path_gives_the_compiled_int8_lm(tiny_backbone_dir):
     assert any(isinstance(m, Int8Linear) for m in parts.lm.model.modules())
     # on a CPU the served rewards stay eager: a reward's step compiling in the decode loop would stall requests
     assert parts.rewards and all(getattr(r, "static", None) is None for r in parts.rewards.values())
+
+
+def test_the_servers_setup_path_gives_the_bf16_lm_and_bf16_rewards(tiny_backbone_dir, tmp_path, monkeypatch):
+    """``steerkit serve --dtype bfloat16 --backend torch-bf16-compute``: the server's LM and its torch rewards multiply
+    in bf16 (serving.loading, through the same config fields as every surface)."""
+    from steerkit import registry
+    from steerkit.bf16 import Bf16MatmulLinear
+    from steerkit.rewards.model import RewardModel
+    from steerkit.serving.loading import engine_parts
+
+    reward_dir = RewardModel.from_backbone(str(tiny_backbone_dir), name="tiny-served").save_pretrained(tmp_path / "rm")
+    monkeypatch.setenv("STEERKIT_PLUGINS", "")  # the config's reward only, not every installed plugin
+    registry.reset()
+    try:
+        parts = engine_parts(SteeringConfig.from_dict({
+            "lm": str(tiny_backbone_dir), "dtype": "bfloat16", "backend": "torch-bf16-compute",
+            "rewards": [{"name": str(reward_dir), "beta": -2.0}]}))
+    finally:
+        monkeypatch.delenv("STEERKIT_PLUGINS")
+        registry.reset()
+    assert any(isinstance(m, Bf16MatmulLinear) for m in parts.lm.modules())
+    (reward,) = parts.rewards.values()
+    assert reward.backend == "torch-bf16-compute"
+    assert any(isinstance(m, Bf16MatmulLinear) for m in reward.model.backbone.modules())
