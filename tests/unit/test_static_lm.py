@@ -195,10 +195,25 @@ def test_bf16_matmul_layer_is_the_bf16_product_returned_in_float32():
     assert 0 < (y - exact).abs().max().item() < 0.05
 
 
-def test_bf16_generate_runs_eagerly_and_compiled_alike(lm, tokenizer, reward_model, inductor_cache):
-    eager = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="bfloat16")
-    compiled = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="bfloat16", compile=True)
-    assert torch.equal(eager.sequences, compiled.sequences)
+def test_bf16_generate_compiled_stays_within_bf16_rounding_of_eager(lm, tokenizer, reward_model, inductor_cache):
+    """Not token-identical in general: inductor fuses the bf16 products with their neighbours and rounds at other
+    points (on SmolLM2 1-4 of 8 greedy rows part from eager: docs/performance.md), so the compiled step's logits are
+    held to bf16's precision of the eager ones, step by step while the two runs have chosen the same tokens."""
+    eager = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="bfloat16", return_traces=True)
+    compiled = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="bfloat16", compile=True,
+                         return_traces=True)
+    scale = max(float(step.topk_logits.abs().max()) for chunk in eager.traces for step in chunk)
+    compared = 0
+    for chunk_eager, chunk_compiled in zip(eager.traces, compiled.traces):
+        same = torch.ones(chunk_eager[0].topk_ids.shape[0], dtype=torch.bool)  # rows whose tokens agree so far
+        for a, b in zip(chunk_eager, chunk_compiled):
+            # the largest logit (the top-k's order may swap at near ties, which bf16 rounding can decide either way)
+            gap = (a.topk_logits[:, 0] - b.topk_logits[:, 0]).abs()[same]
+            assert gap.numel() == 0 or gap.max().item() <= 2 ** -6 * scale, (gap, scale)
+            compared += int(same.sum())
+            rows = torch.arange(same.shape[0])
+            same &= a.topk_ids[rows, a.chosen] == b.topk_ids[rows, b.chosen]
+    assert compared >= 3 * 8  # rows x steps compared: at least 8 steps of each of the 3 rows
 
 
 def test_lm_runner_wraps_in_order(lm):
