@@ -6,7 +6,8 @@ Two precisions, both storing the weight in bfloat16 (half the memory) with biase
 * :data:`BF16`: each weight is upcast to the activations' float32 for its matmul (float32 compute);
 * :data:`BF16_COMPUTE`: each matmul runs in bfloat16 (its input rounded to bf16, float32 accumulation, the output
   rounded to bf16 and returned as float32). Fast only where the hardware multiplies bf16 natively: a CPU with
-  AVX512_BF16 or AMX (3-5x float32 at 16 or more rows on this machine's), a CUDA GPU; elsewhere slower than float32.
+  AVX512_BF16 or AMX (3-5x float32's products at 16 or more rows on the CPU it was measured on), a CUDA GPU;
+  elsewhere slower than float32.
 """
 
 from __future__ import annotations

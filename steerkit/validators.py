@@ -158,7 +158,8 @@ def validate_engine(engine) -> str:
     return engine
 
 
-#: The weights steerkit's engine runs the LM in: as loaded, or weight-only int8 (:mod:`steerkit.engine.lm_int8`).
+#: The weights steerkit's engine runs the LM in: as loaded, bf16 with bf16 matmuls, or weight-only int8
+#: (:mod:`steerkit.engine.lm_int8`).
 LM_DTYPES = ("float32", "bfloat16", "int8")
 
 

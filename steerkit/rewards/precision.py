@@ -1,5 +1,5 @@
-"""Reduced-precision reward models: what the ``torch-bf16``, ``torch-bf16-compute`` and ``onnx-int8`` backends run,
-and the bfloat16 linear layers the LM's ``dtype="bfloat16"`` uses too (:mod:`steerkit.engine.lm_bf16`).
+"""Reduced-precision reward models: what the ``torch-bf16``, ``torch-bf16-compute`` and ``onnx-int8`` backends run
+(the two torch ones on the bfloat16 linear layers of :mod:`steerkit.bf16`, which the LM's ``dtype="bfloat16"`` uses).
 
 A precision is chosen by naming a backend (:mod:`steerkit.rewards.builtin_backends`), so it reaches every place a
 backend name does (``load_reward``, ``generate``, config files, ``--backend``, the server):
