@@ -174,11 +174,58 @@ def test_conan_merge_deduplicates_on_words_and_drops_label_conflicts(conan):
                      "target": "MIGRANTS"}]
 
 
-def test_the_conan_experiment_is_not_a_shipped_config():
-    """Its licence allows research use only: the experiment's config writes under runs/ (git-ignored), never into
-    the plugin's package or its card, and records the licence on both CONAN entries."""
-    config = TrainConfig.from_file(PLUGIN / "train_conan_experiment.yaml")
+@pytest.mark.parametrize("name, group, licence", [
+    ("train_conan_experiment.yaml", "CONAN", "research use only"),
+    ("train_reddit_counterspeech_experiment.yaml", "Reddit counterspeech", "MIT"),
+])
+def test_the_counter_speech_experiments_are_not_shipped_configs(name, group, licence):
+    """Experiments, not the shipped model (CONAN's licence allows research use only; the Reddit run is an experiment
+    too): each config writes under runs/ (git-ignored), never into the plugin's package or its card, and records the
+    licence on both entries of its counter-speech source."""
+    config = TrainConfig.from_file(PLUGIN / name)
     for path in (config.output_dir, config.card, config.checkpoint_dir):
         assert (ROOT / "runs") in Path(path).resolve().parents, path
-    conan_sources = [s for s in config.data if s.group == "CONAN"]
-    assert len(conan_sources) == 2 and all("research use only" in s.licence for s in conan_sources)
+    sources = [s for s in config.data if s.group == group]
+    assert len(sources) == 2 and all(licence in s.licence for s in sources)
+
+
+# -- the Reddit counterspeech experiment (dan-hickey1/toxic-counterspeech, MIT; convert_counter_speech.py --reddit)
+
+def test_a_reddit_reply_loses_its_markup_but_keeps_its_words(conan):
+    reply = ("&gt; they are all criminals\n\nThat is a racist lie. [Source](https://example.org/a) "
+             "http://x.y/z **really**&amp;#x200B;")
+    assert conan.reddit_clean(reply) == "they are all criminals That is a racist lie. Source really"
+    # validation_set.csv has its newlines collapsed into runs of spaces: a quote marker after one is dropped too
+    assert conan.reddit_clean(">we are superior    No, you are not.   3 > 2") == (
+        "we are superior No, you are not. 3 > 2")
+    assert conan.reddit_clean("https://i.imgur.com/x.gif") == ""
+
+
+def test_reddit_rows_keep_the_reply_of_hate_and_counter_speech_only(conan):
+    content = ("id,subreddit,parent,reply,label\n"
+               "a1,sub1,the parent is never used,They should all be deported.,1\n"
+               "a2,sub1,they should all be deported,\"No, that is bigotry.\",2\n"
+               "a3,sub2,hi,just chatting,0\n")
+    assert conan.reddit_rows(content) == [("They should all be deported.", "hate", "sub1"),
+                                          ("No, that is bigotry.", "counter", "sub1")]
+    with pytest.raises(ValueError, match="unexpected label"):
+        conan.reddit_rows("id,subreddit,parent,reply,label\nb1,s,p,r,3\n")
+
+
+def test_reddit_dev_texts_leave_the_training_rows(conan):
+    # validation_set.csv's extra `target` column is read the same way
+    dev = conan.reddit_rows("id,subreddit,parent,reply,label,target\n"
+                            "d1,s,p,Racism is not cool.,2,newcomer\n"
+                            "d2,s,p,They are vermin.,1,reply_to_newcomer\n")
+    train = [("racism is NOT cool!", "counter", "s"),  # the same words as a dev text: dropped from train
+             ("Go back where you came from.", "hate", "s"),
+             ("go back where you came from", "counter", "s"),  # the other label: a conflict, dropped
+             ("Stop spreading hate.", "counter", "t"),
+             ("", "hate", "t")]  # a URL-only reply, empty after cleaning: skipped
+    merged = conan.merge_reddit(train, dev)
+    human = {"dataset": "validation_set (human labels)", "subreddit": "s"}
+    assert merged["dev"] == [{"text": "Racism is not cool.", "label": "counter", **human},
+                             {"text": "They are vermin.", "label": "hate", **human}]
+    assert merged["train"] == [{"text": "Stop spreading hate.", "label": "counter",
+                                "dataset": "gpt_4o_labels (GPT-4o labels)", "subreddit": "t"}]
+    assert merged["conflicts"] == (1, 0) and merged["in_dev"] == 1

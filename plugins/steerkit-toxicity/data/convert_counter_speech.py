@@ -1,14 +1,16 @@
-"""Write the counter-speech training file of issue 26 from the CONAN repository (marcoguerini/CONAN).
+"""Write the counter-speech training files of issue 26 from CONAN (marcoguerini/CONAN) and from the Reddit
+counterspeech data of Hickey et al. (dan-hickey1/toxic-counterspeech).
 
-Run from the repository root with the upstream repository fetched as a bare git directory (no work tree needed:
-every file is read with ``git show COMMIT:PATH`` at the pinned commit):
+Run from the repository root with the upstream repositories fetched as bare git directories (no work tree needed:
+every file is read with ``git show COMMIT:PATH`` at the pinned commit); give either or both:
 
     python plugins/steerkit-toxicity/data/convert_counter_speech.py \
-        --conan /path/to/marcoguerini+CONAN/repo --out DATA/toxicity
+        --conan /path/to/marcoguerini+CONAN/repo --reddit /path/to/dan-hickey1+toxic-counterspeech/repo \
+        --out DATA/toxicity
 
-It writes ``conan_counter_speech/pairs.csv``: ``text,label,dataset,target``, one row per distinct English text of
-three of the repository's datasets, label ``hate`` (the hate-speech side) or ``counter`` (the counter-narrative
-written or post-edited by NGO operators in reply to it):
+``--conan`` writes ``conan_counter_speech/pairs.csv``: ``text,label,dataset,target``, one row per distinct English
+text of three of the repository's datasets, label ``hate`` (the hate-speech side) or ``counter`` (the
+counter-narrative written or post-edited by NGO operators in reply to it):
 
 * Multitarget-CONAN (Fanton et al. 2021): ``Multitarget-CONAN/Multitarget-CONAN.csv``, HATE_SPEECH and
   COUNTER_NARRATIVE of 5,003 pairs over 8 targets (Muslims, migrants, women, LGBT+, Jews, people of colour, disabled,
@@ -23,13 +25,36 @@ above names a text. A text that is hate in one place and counter-speech in anoth
 
 Licence (the repository's README, "License"): "These resources can be used for research purposes and cannot be
 redistributed. Please cite the corresponding publication if you use any dataset." The data therefore stays
-under the data root and is never packaged or committed; the README is copied next to it. Stdlib only.
+under the data root and is never packaged or committed; the README is copied next to it.
+
+``--reddit`` writes ``reddit_counterspeech/train.csv`` and ``dev.csv``: ``text,label,dataset,subreddit``, from the
+two labelled files of "Assessing the Toxicity and Effects of Counterspeech on Reddit" (Hickey et al.): replies in
+hate subreddits, labelled (of the ``reply`` column) 1 hate speech, 2 counterspeech, 0 other speech. Only ``reply``
+is used; "other" rows are dropped, and labels 1 and 2 become ``hate`` and ``counter``:
+
+* ``train.csv`` from ``data/model_training/gpt_4o_labels.csv`` (5,559 rows; labels by GPT-4o, the datasheet),
+  less every text that is also in ``dev.csv``.
+* ``dev.csv`` from ``data/model_training/validation_set.csv`` (672 rows; labels by human annotators). Its
+  ``target`` column says whether the reply is the newcomer's comment or a reply to it; both are kept.
+
+Each reply is cleaned of Reddit markup: HTML entities unescaped (``&gt;``, ``&amp;``, and the twice-escaped
+zero-width spaces), the ``>`` that marks a quoted line dropped (the quoted words are kept: counter-speech often quotes
+what it answers), Markdown links reduced to their text, bare URLs, emphasis asterisks and ``^`` removed, and
+whitespace collapsed. Texts are then de-duplicated and label conflicts dropped within each file as for CONAN, and
+texts left without words (URL-only replies) are skipped. The repository's other CSVs (``yu_et_al_*.csv``, another
+group's data redistributed without a licence of its own) are not read.
+
+Licence: MIT (the repository's LICENSE); the datasheet (``data/datasheet.md``, "Distribution"): "The associated
+repository is distributed under the MIT license, allowing any use of the code/dataset"; it names training
+counterspeech/hate speech detection models as the data's use and not training text generators. LICENSE and the
+datasheet are copied next to the data. Stdlib only.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import html
 import io
 import re
 import sys
@@ -39,9 +64,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convert_hate_sources import _git, _resolve  # noqa: E402  (the same pinned-commit git reads)
 
 CONAN_COMMIT = "627faf12d73ee75291d0c99a1dffd54c811a93cb"
+REDDIT_COMMIT = "73f98c297787fc51e810e3fcc04921a9772a296a"
+REDDIT_TRAIN = "data/model_training/gpt_4o_labels.csv"
+REDDIT_DEV = "data/model_training/validation_set.csv"
 
 _WORDS = re.compile(r"[\W_]+", re.UNICODE)
 _CONAN_ID = re.compile(r"^(EN|FR|IT)T\d+ST\d+HS\d+CN\d+(P1|P2|T1)?$")
+_MD_LINK = re.compile(r"\[([^\]]*)\]\([^)\s]*\)")
+_URL = re.compile(r"(?:https?://|www\.)\S+")
+# the ">" of a quoted line: at a line start, or after a run of spaces (validation_set.csv has its newlines collapsed)
+_QUOTE = re.compile(r"(^|\n|\s{2,})>+")
+_MARKUP = re.compile(r"\*+|~~|\^")
+_REDDIT_LABELS = {"0": None, "1": "hate", "2": "counter"}
 
 
 def key(text: str) -> str:
@@ -80,8 +114,42 @@ def dialoconan_rows(content: str) -> list[tuple[str, str, str]]:
     return [(r["text"], labels[r["type"]], r["TARGET"]) for r in csv.DictReader(io.StringIO(content))]
 
 
-def merge(datasets: list[tuple[str, list[tuple[str, str, str]]]]) -> tuple[list[dict], int]:
-    """Distinct rows ``{text, label, dataset, target}``, and how many texts were dropped for a label conflict."""
+def reddit_clean(text: str) -> str:
+    """A Reddit reply without its markup (the module docstring), whitespace collapsed."""
+    text = html.unescape(html.unescape(text))  # some entities are escaped twice upstream ("&amp;#x200B;")
+    text = text.replace("\u200b", " ")
+    text = _MD_LINK.sub(r"\1", text)
+    text = _URL.sub(" ", text)
+    text = _QUOTE.sub(r"\1", text)
+    return clean(_MARKUP.sub("", text))
+
+
+def reddit_rows(content: str) -> list[tuple[str, str, str]]:
+    """(text, label, subreddit) from gpt_4o_labels.csv or validation_set.csv: the hate (1) and counterspeech (2)
+    replies, cleaned; "other" (0) is dropped."""
+    out = []
+    for r in csv.DictReader(io.StringIO(content)):
+        if r["label"] not in _REDDIT_LABELS:
+            raise ValueError(f"reddit: unexpected label {r['label']!r} (id {r['id']})")
+        label = _REDDIT_LABELS[r["label"]]
+        if label is not None:
+            out.append((reddit_clean(r["reply"]), label, r["subreddit"]))
+    return out
+
+
+def merge_reddit(train: list[tuple[str, str, str]], dev: list[tuple[str, str, str]]) -> dict:
+    """``{"train": rows, "dev": rows, "conflicts": (train, dev), "in_dev": n}``: each file merged on its own (rows
+    ``{text, label, dataset, subreddit}``), then every training text that is also a dev text dropped (``in_dev``)."""
+    dev_rows, dev_conflicts = merge([("validation_set (human labels)", dev)], third="subreddit")
+    train_rows, train_conflicts = merge([("gpt_4o_labels (GPT-4o labels)", train)], third="subreddit")
+    dev_keys = {key(r["text"]) for r in dev_rows}
+    kept = [r for r in train_rows if key(r["text"]) not in dev_keys]
+    return {"train": kept, "dev": dev_rows, "conflicts": (train_conflicts, dev_conflicts),
+            "in_dev": len(train_rows) - len(kept)}
+
+
+def merge(datasets: list[tuple[str, list[tuple[str, str, str]]]], third: str = "target") -> tuple[list[dict], int]:
+    """Distinct rows ``{text, label, dataset, <third>}``, and how many texts were dropped for a label conflict."""
     rows: dict[str, dict] = {}
     conflicts: set[str] = set()
     for name, items in datasets:
@@ -90,7 +158,7 @@ def merge(datasets: list[tuple[str, list[tuple[str, str, str]]]]) -> tuple[list[
             k = key(text)
             if not k:
                 continue
-            row = rows.setdefault(k, {"text": text, "label": label, "dataset": name, "target": target})
+            row = rows.setdefault(k, {"text": text, "label": label, "dataset": name, third: target})
             if row["label"] != label:
                 conflicts.add(k)
     return [r for k, r in rows.items() if k not in conflicts], len(conflicts)
@@ -100,31 +168,65 @@ def _show(repo: Path, commit: str, path: str) -> str:
     return _git(repo, "show", f"{commit}:{path}").decode("utf-8-sig")  # CONAN's CSVs start with a byte-order mark
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conan", type=Path, required=True, help="git directory of marcoguerini/CONAN")
-    parser.add_argument("--out", type=Path, required=True, help="the toxicity folder of the data root")
-    args = parser.parse_args(argv)
+def _write(path: Path, rows: list[dict], fields: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
 
-    repo, commit = args.conan, _resolve(args.conan, CONAN_COMMIT)
+
+def _counts(rows: list[dict]) -> list[tuple[str, str, int]]:
+    counts: dict[tuple[str, str], int] = {}
+    for r in rows:
+        counts[(r["dataset"], r["label"])] = counts.get((r["dataset"], r["label"]), 0) + 1
+    return [(dataset, label, n) for (dataset, label), n in sorted(counts.items())]
+
+
+def write_conan(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, CONAN_COMMIT)
     rows, conflicts = merge([
         ("Multitarget-CONAN", multitarget_rows(_show(repo, commit, "Multitarget-CONAN/Multitarget-CONAN.csv"))),
         ("CONAN", conan_rows(_show(repo, commit, "CONAN/CONAN.csv"))),
         ("DIALOCONAN", dialoconan_rows(_show(repo, commit, "DIALOCONAN/DIALOCONAN.csv"))),
     ])
-    out = args.out / "conan_counter_speech"
-    out.mkdir(parents=True, exist_ok=True)
-    with (out / "pairs.csv").open("w", encoding="utf-8", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["text", "label", "dataset", "target"], lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    out = out_root / "conan_counter_speech"
+    _write(out / "pairs.csv", rows, ["text", "label", "dataset", "target"])
     (out / "README.upstream.md").write_bytes(_git(repo, "show", f"{commit}:README.md"))
-    counts: dict[tuple[str, str], int] = {}
-    for r in rows:
-        counts[(r["dataset"], r["label"])] = counts.get((r["dataset"], r["label"]), 0) + 1
     print(f"CONAN @{commit[:7]}: {len(rows)} texts, {conflicts} dropped as both hate and counter-speech -> {out}")
-    for (dataset, label), n in sorted(counts.items()):
+    for dataset, label, n in _counts(rows):
         print(f"  {dataset:18s} {label:8s} {n}")
+
+
+def write_reddit(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, REDDIT_COMMIT)
+    merged = merge_reddit(reddit_rows(_show(repo, commit, REDDIT_TRAIN)), reddit_rows(_show(repo, commit, REDDIT_DEV)))
+    out = out_root / "reddit_counterspeech"
+    for split in ("train", "dev"):
+        _write(out / f"{split}.csv", merged[split], ["text", "label", "dataset", "subreddit"])
+    (out / "LICENSE.upstream").write_bytes(_git(repo, "show", f"{commit}:LICENSE"))
+    (out / "datasheet.upstream.md").write_bytes(_git(repo, "show", f"{commit}:data/datasheet.md"))
+    train_conflicts, dev_conflicts = merged["conflicts"]
+    print(f"Reddit counterspeech @{commit[:7]}: train {len(merged['train'])} texts, dev {len(merged['dev'])}; "
+          f"{train_conflicts} + {dev_conflicts} dropped as both hate and counter-speech, {merged['in_dev']} "
+          f"training texts dropped as also in dev -> {out}")
+    for split in ("train", "dev"):
+        for dataset, label, n in _counts(merged[split]):
+            print(f"  {split:5s} {dataset:30s} {label:8s} {n}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--conan", type=Path, help="git directory of marcoguerini/CONAN")
+    parser.add_argument("--reddit", type=Path, help="git directory of dan-hickey1/toxic-counterspeech")
+    parser.add_argument("--out", type=Path, required=True, help="the toxicity folder of the data root")
+    args = parser.parse_args(argv)
+    if args.conan is None and args.reddit is None:
+        parser.error("give --conan, --reddit or both")
+    if args.conan is not None:
+        write_conan(args.conan, args.out)
+    if args.reddit is not None:
+        write_reddit(args.reddit, args.out)
     return 0
 
 
