@@ -61,7 +61,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from convert_hate_sources import _git, _resolve  # noqa: E402  (the same pinned-commit git reads)
+from convert_hate_sources import _copy_blob, _git, _resolve, _write_csv  # noqa: E402  (the same git reads, CSVs)
 
 CONAN_COMMIT = "627faf12d73ee75291d0c99a1dffd54c811a93cb"
 REDDIT_COMMIT = "73f98c297787fc51e810e3fcc04921a9772a296a"
@@ -168,14 +168,6 @@ def _show(repo: Path, commit: str, path: str) -> str:
     return _git(repo, "show", f"{commit}:{path}").decode("utf-8-sig")  # CONAN's CSVs start with a byte-order mark
 
 
-def _write(path: Path, rows: list[dict], fields: list[str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
 def _counts(rows: list[dict]) -> list[tuple[str, str, int]]:
     counts: dict[tuple[str, str], int] = {}
     for r in rows:
@@ -191,7 +183,7 @@ def write_conan(repo: Path, out_root: Path) -> None:
         ("DIALOCONAN", dialoconan_rows(_show(repo, commit, "DIALOCONAN/DIALOCONAN.csv"))),
     ])
     out = out_root / "conan_counter_speech"
-    _write(out / "pairs.csv", rows, ["text", "label", "dataset", "target"])
+    _write_csv(out / "pairs.csv", rows, ["text", "label", "dataset", "target"])
     (out / "README.upstream.md").write_bytes(_git(repo, "show", f"{commit}:README.md"))
     print(f"CONAN @{commit[:7]}: {len(rows)} texts, {conflicts} dropped as both hate and counter-speech -> {out}")
     for dataset, label, n in _counts(rows):
@@ -203,9 +195,9 @@ def write_reddit(repo: Path, out_root: Path) -> None:
     merged = merge_reddit(reddit_rows(_show(repo, commit, REDDIT_TRAIN)), reddit_rows(_show(repo, commit, REDDIT_DEV)))
     out = out_root / "reddit_counterspeech"
     for split in ("train", "dev"):
-        _write(out / f"{split}.csv", merged[split], ["text", "label", "dataset", "subreddit"])
-    (out / "LICENSE.upstream").write_bytes(_git(repo, "show", f"{commit}:LICENSE"))
-    (out / "datasheet.upstream.md").write_bytes(_git(repo, "show", f"{commit}:data/datasheet.md"))
+        _write_csv(out / f"{split}.csv", merged[split], ["text", "label", "dataset", "subreddit"])
+    _copy_blob(repo, commit, "LICENSE", out / "LICENSE.upstream")
+    _copy_blob(repo, commit, "data/datasheet.md", out / "datasheet.upstream.md")
     train_conflicts, dev_conflicts = merged["conflicts"]
     print(f"Reddit counterspeech @{commit[:7]}: train {len(merged['train'])} texts, dev {len(merged['dev'])}; "
           f"{train_conflicts} + {dev_conflicts} dropped as both hate and counter-speech, {merged['in_dev']} "
