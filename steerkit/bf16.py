@@ -12,6 +12,8 @@ Two precisions, both storing the weight in bfloat16 (half the memory) with biase
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -40,8 +42,10 @@ class Bf16MatmulLinear(nn.Linear):
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
 
+@functools.cache
 def _conv1d_classes():
-    """GPT-2's ``Conv1D`` and its two bf16 forms (storage only, bf16 matmul), or None where transformers lacks it."""
+    """GPT-2's ``Conv1D`` and its two bf16 forms (storage only, bf16 matmul), or None where transformers lacks it;
+    made once per process, so every converted model's layers share one class each."""
     try:
         from transformers.pytorch_utils import Conv1D
     except ImportError:  # a transformers without GPT-2's Conv1D: nothing to convert

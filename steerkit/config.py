@@ -17,6 +17,7 @@ from .devices import DeviceName
 from .errors import ConfigError, _first_lines, format_validation_error  # noqa: F401 (config's API)
 from .models import DEFAULT_LM
 from .params import RewardSpec  # noqa: F401 (the config's reward entries; steerkit.config.RewardSpec)
+from .validators import ENGINES, LM_DTYPES
 
 
 def check_backend_name(name: str) -> str:
@@ -29,10 +30,10 @@ def check_backend_name(name: str) -> str:
 BackendName = Annotated[str, AfterValidator(check_backend_name)]
 """A config field naming a reward backend, validated against the table of registered backends."""
 
-EngineName = Literal["steerkit", "llama.cpp"]
+EngineName = Literal[ENGINES]
 """Which engine runs the LM (:data:`steerkit.validators.ENGINES`)."""
 
-LMDtype = Literal["float32", "bfloat16", "int8"]
+LMDtype = Literal[LM_DTYPES]
 """The LM's weights in steerkit's engine (:data:`steerkit.validators.LM_DTYPES`)."""
 
 
