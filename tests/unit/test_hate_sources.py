@@ -1,5 +1,5 @@
 """Issue 26's hate-speech training sources: the conversion script's parsing (tiny data built here), the
-training config `plugins/steerkit-toxicity/train.yaml` (0.3.0: its new sources, licences, and the
+training config `plugins/steerkit-toxicity/train.yaml` (0.3.0's and 0.4.0's new sources, licences, and the
 leave-one-source-out fold over them), and, where ../shared/data has the converted files, that they read as the
 data README says and share nothing with the functional cases."""
 
@@ -19,18 +19,20 @@ from steerkit.training.data import normalise
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "plugins" / "steerkit-toxicity"
 CONFIG = PLUGIN / "train.yaml"
-NEW_GROUPS = ["ToxiGen statements", "Stormfront"]
+NEW_GROUPS = ["ToxiGen statements", "Stormfront"]  # 0.3.0 (0.4.0 adds "Reddit counterspeech")
 #: where the converted files are: $STEERKIT_DATA_ROOT (a data root with them, as train.yaml's --data-root), else
 #: ../shared/data
 DATA = Path(os.environ["STEERKIT_DATA_ROOT"]) if os.environ.get("STEERKIT_DATA_ROOT") else SHARED_DATA
 NEW_FILES = [DATA / "toxicity" / "toxigen_human_statements" / "statements.csv",
              DATA / "toxicity" / "stormfront_hate_speech" / "train.csv",
-             DATA / "toxicity" / "stormfront_hate_speech" / "test.csv"]
+             DATA / "toxicity" / "stormfront_hate_speech" / "test.csv",
+             DATA / "toxicity" / "reddit_counterspeech" / "train.csv",
+             DATA / "toxicity" / "reddit_counterspeech" / "dev.csv"]
 requires_hate_data = pytest.mark.skipif(
     not all(p.is_file() for p in NEW_FILES),
     reason=f"the converted hate-speech files are not under {DATA / 'toxicity'} (set STEERKIT_DATA_ROOT to a data root "
            "that has them) "
-           "(plugins/steerkit-toxicity/data/convert_hate_sources.py writes them)")
+           "(plugins/steerkit-toxicity/data/convert_hate_sources.py and convert_counter_speech.py --reddit write them)")
 
 
 def data_script(name: str):
@@ -126,6 +128,10 @@ def test_the_converted_files_read_with_the_documented_counts():
     assert len(stormfront_test) == 478 and sum(e.label for e in stormfront_test) == 239
     toxigen = [e for e in dataset.train + dataset.dev if dataset.sources[e.source].display_name == "ToxiGen statements"]
     assert sum(e.label for e in toxigen) == 382
+    # 0.4.0: Reddit counter-speech without profanity (the converter labels the other 169 `counter-profane`)
+    assert by_name["Reddit counterspeech (counter-speech)"].used == 332
+    assert by_name["Reddit counterspeech (hate speech)"].used == 860
+    assert by_name["Reddit counterspeech (counter-speech)"].skip_reasons == {"label invalid": 860 + 169}
 
 
 @requires_hate_data
@@ -137,7 +143,7 @@ def test_the_new_sources_share_no_text_with_the_functional_cases():
     config = TrainConfig.from_file(CONFIG, overrides={"data_root": str(DATA), "eval": []})
     dataset = config.read_dataset()
     new = {normalise(e.text) for e in dataset.train + dataset.dev
-           if dataset.sources[e.source].metrics_name in NEW_GROUPS}
+           if dataset.sources[e.source].metrics_name in [*NEW_GROUPS, "Reddit counterspeech"]}
     assert len(new) > 6000 and not new & functional
 
 
@@ -229,3 +235,28 @@ def test_reddit_dev_texts_leave_the_training_rows(conan):
     assert merged["train"] == [{"text": "Stop spreading hate.", "label": "counter",
                                 "dataset": "gpt_4o_labels (GPT-4o labels)", "subreddit": "t"}]
     assert merged["conflicts"] == (1, 0) and merged["in_dev"] == 1
+
+
+def test_profane_counter_speech_is_flagged_and_only_civil_counter_speech_is_trained_on(conan):
+    """0.4.0 trains on the counter-speech replies without profanity: the converter relabels the others
+    `counter-profane` (alt-profanity-check >= 0.5), and train.yaml maps `counter` only, so they are skipped."""
+    pytest.importorskip("profanity_check", reason="alt-profanity-check is not installed: pip install 'steerkit-rad[eval]'")
+    rows = [{"text": "They're right. This sub is fucked up, you stupid assholes.", "label": "counter"},
+            {"text": "Nobody should be judged by where they were born.", "label": "counter"},
+            {"text": "Those people are a plague and should leave.", "label": "hate"}]
+    assert conan.flag_profane(rows, conan._profanity_score()) == 1
+    assert [r["label"] for r in rows] == ["counter-profane", "counter", "hate"]  # hate is never relabelled
+    assert conan.flag_profane([{"text": "a", "label": "counter"}], lambda texts: [conan.PROFANE_AT]) == 1
+    assert conan.flag_profane([{"text": "a", "label": "counter"}], lambda texts: [conan.PROFANE_AT - 1e-6]) == 0
+
+    config = TrainConfig.from_file(CONFIG)
+    reddit = [s for s in config.data if s.metrics_name == "Reddit counterspeech"]
+    assert [s.transform.map for s in reddit] == [{"counter": 0}, {"hate": 1}]
+    assert all(s.skip_invalid and "MIT" in s.licence for s in reddit)
+    # its human-labelled replies are evaluated, never trained on
+    assert "dev.csv" not in {Path(s.path).name for s in config.data}
+    assert any(Path(s.path).name == "dev.csv" and s.path.startswith("toxicity/reddit_counterspeech")
+               for s in config.eval)
+    # the experiment keeps every counter-speech reply, profane ones included
+    experiment = TrainConfig.from_file(PLUGIN / "train_reddit_counterspeech_experiment.yaml")
+    assert {"counter": 0, "counter-profane": 0} in [s.transform.map for s in experiment.data]

@@ -14,10 +14,13 @@ from steerkit.training.card import render_card
 from steerkit.training.config import DATA_ROOT_ENV, TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 def _ships_a_model(config_path: Path) -> bool:
-    """A config whose output directory holds a trained model (a shipped one); a candidate config (e.g. a new
-    version being prepared, writing under runs/) has no card yet."""
-    return (Path(TrainConfig.from_file(config_path).output_dir) / "reward_config.json").is_file()
+    """A config whose output directory is in its plugin's package and holds a trained model (a shipped one); a
+    candidate or experiment config writes under runs/ (git-ignored), where a local run may have left a model."""
+    output = Path(TrainConfig.from_file(config_path).output_dir).resolve()
+    return config_path.parent.resolve() in output.parents and (output / "reward_config.json").is_file()
 
 
 CONFIGS = sorted(p for p in ROOT.glob("plugins/*/train*.yaml") if _ships_a_model(p))

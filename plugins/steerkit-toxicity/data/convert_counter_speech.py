@@ -37,6 +37,14 @@ is used; "other" rows are dropped, and labels 1 and 2 become ``hate`` and ``coun
 * ``dev.csv`` from ``data/model_training/validation_set.csv`` (672 rows; labels by human annotators). Its
   ``target`` column says whether the reply is the newcomer's comment or a reply to it; both are kept.
 
+In ``train.csv`` a counter-speech reply that alt-profanity-check (steerkit's ``alt-profanity-check`` scorer, a
+TF-IDF SVM) scores 0.5 or more is labelled ``counter-profane`` instead of ``counter`` (169 of 501 at the pinned
+commit: "They're right. This sub is fucked up."). Upstream's labelling prompt counts a hostile or insulting reply as
+counterspeech when it opposes hate; labelled 0, such replies taught the model that insults and profanity are not
+toxic (the Davidson and Wikipedia Talk dev AUROCs fell from 0.950/0.968 to 0.916/0.917 in the experiment's first
+run, which used them). ``toxicity`` 0.4.0 trains on ``counter`` only; a config that wants every counter-speech reply
+maps both labels. ``dev.csv`` (human labels, evaluation only) is not flagged.
+
 Each reply is cleaned of Reddit markup: HTML entities unescaped (``&gt;``, ``&amp;``, and the twice-escaped
 zero-width spaces), the ``>`` that marks a quoted line dropped (the quoted words are kept: counter-speech often quotes
 what it answers), Markdown links reduced to their text, bare URLs, emphasis asterisks and ``^`` removed, and
@@ -47,7 +55,8 @@ group's data redistributed without a licence of its own) are not read.
 Licence: MIT (the repository's LICENSE); the datasheet (``data/datasheet.md``, "Distribution"): "The associated
 repository is distributed under the MIT license, allowing any use of the code/dataset"; it names training
 counterspeech/hate speech detection models as the data's use and not training text generators. LICENSE and the
-datasheet are copied next to the data. Stdlib only.
+datasheet are copied next to the data. ``--conan`` needs only the standard library; ``--reddit`` needs steerkit
+with its ``eval`` extra (alt-profanity-check, for the flag above).
 """
 
 from __future__ import annotations
@@ -76,6 +85,8 @@ _URL = re.compile(r"(?:https?://|www\.)\S+")
 _QUOTE = re.compile(r"(^|\n|\s{2,})>+")
 _MARKUP = re.compile(r"\*+|~~|\^")
 _REDDIT_LABELS = {"0": None, "1": "hate", "2": "counter"}
+#: A counter-speech training reply that alt-profanity-check scores at least this is labelled ``counter-profane``.
+PROFANE_AT = 0.5
 
 
 def key(text: str) -> str:
@@ -148,6 +159,24 @@ def merge_reddit(train: list[tuple[str, str, str]], dev: list[tuple[str, str, st
             "in_dev": len(train_rows) - len(kept)}
 
 
+def flag_profane(rows: list[dict], score) -> int:
+    """Relabel, in place, each ``counter`` row whose text ``score`` (texts -> probabilities of profanity) puts at
+    :data:`PROFANE_AT` or more as ``counter-profane``; returns how many."""
+    counter = [r for r in rows if r["label"] == "counter"]
+    flagged = 0
+    for row, p in zip(counter, score([r["text"] for r in counter]), strict=True):
+        if p >= PROFANE_AT:
+            row["label"] = "counter-profane"
+            flagged += 1
+    return flagged
+
+
+def _profanity_score():
+    from steerkit.evaluation.scorers.offline import ProfanityCheckScorer
+
+    return ProfanityCheckScorer().score
+
+
 def merge(datasets: list[tuple[str, list[tuple[str, str, str]]]], third: str = "target") -> tuple[list[dict], int]:
     """Distinct rows ``{text, label, dataset, <third>}``, and how many texts were dropped for a label conflict."""
     rows: dict[str, dict] = {}
@@ -193,6 +222,7 @@ def write_conan(repo: Path, out_root: Path) -> None:
 def write_reddit(repo: Path, out_root: Path) -> None:
     commit = _resolve(repo, REDDIT_COMMIT)
     merged = merge_reddit(reddit_rows(_show(repo, commit, REDDIT_TRAIN)), reddit_rows(_show(repo, commit, REDDIT_DEV)))
+    flagged = flag_profane(merged["train"], _profanity_score())
     out = out_root / "reddit_counterspeech"
     for split in ("train", "dev"):
         _write_csv(out / f"{split}.csv", merged[split], ["text", "label", "dataset", "subreddit"])
@@ -201,7 +231,8 @@ def write_reddit(repo: Path, out_root: Path) -> None:
     train_conflicts, dev_conflicts = merged["conflicts"]
     print(f"Reddit counterspeech @{commit[:7]}: train {len(merged['train'])} texts, dev {len(merged['dev'])}; "
           f"{train_conflicts} + {dev_conflicts} dropped as both hate and counter-speech, {merged['in_dev']} "
-          f"training texts dropped as also in dev -> {out}")
+          f"training texts dropped as also in dev; {flagged} training counter-speech replies labelled "
+          f"counter-profane (alt-profanity-check >= {PROFANE_AT}) -> {out}")
     for split in ("train", "dev"):
         for dataset, label, n in _counts(merged[split]):
             print(f"  {split:5s} {dataset:30s} {label:8s} {n}")
