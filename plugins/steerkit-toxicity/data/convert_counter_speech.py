@@ -61,16 +61,16 @@ with its ``eval`` extra (alt-profanity-check, for the flag above).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import html
 import io
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from convert_hate_sources import _copy_blob, _git, _resolve, _write_csv  # noqa: E402  (the same git reads, CSVs)
+from convert_hate_sources import _copy_blob, _resolve, _show, _write_csv, run  # noqa: E402  (git reads, CSVs, CLI)
 
 CONAN_COMMIT = "627faf12d73ee75291d0c99a1dffd54c811a93cb"
 REDDIT_COMMIT = "73f98c297787fc51e810e3fcc04921a9772a296a"
@@ -193,14 +193,8 @@ def merge(datasets: list[tuple[str, list[tuple[str, str, str]]]], third: str = "
     return [r for k, r in rows.items() if k not in conflicts], len(conflicts)
 
 
-def _show(repo: Path, commit: str, path: str) -> str:
-    return _git(repo, "show", f"{commit}:{path}").decode("utf-8-sig")  # CONAN's CSVs start with a byte-order mark
-
-
 def _counts(rows: list[dict]) -> list[tuple[str, str, int]]:
-    counts: dict[tuple[str, str], int] = {}
-    for r in rows:
-        counts[(r["dataset"], r["label"])] = counts.get((r["dataset"], r["label"]), 0) + 1
+    counts = Counter((r["dataset"], r["label"]) for r in rows)
     return [(dataset, label, n) for (dataset, label), n in sorted(counts.items())]
 
 
@@ -213,7 +207,7 @@ def write_conan(repo: Path, out_root: Path) -> None:
     ])
     out = out_root / "conan_counter_speech"
     _write_csv(out / "pairs.csv", rows, ["text", "label", "dataset", "target"])
-    (out / "README.upstream.md").write_bytes(_git(repo, "show", f"{commit}:README.md"))
+    _copy_blob(repo, commit, "README.md", out / "README.upstream.md")
     print(f"CONAN @{commit[:7]}: {len(rows)} texts, {conflicts} dropped as both hate and counter-speech -> {out}")
     for dataset, label, n in _counts(rows):
         print(f"  {dataset:18s} {label:8s} {n}")
@@ -239,18 +233,9 @@ def write_reddit(repo: Path, out_root: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--conan", type=Path, help="git directory of marcoguerini/CONAN")
-    parser.add_argument("--reddit", type=Path, help="git directory of dan-hickey1/toxic-counterspeech")
-    parser.add_argument("--out", type=Path, required=True, help="the toxicity folder of the data root")
-    args = parser.parse_args(argv)
-    if args.conan is None and args.reddit is None:
-        parser.error("give --conan, --reddit or both")
-    if args.conan is not None:
-        write_conan(args.conan, args.out)
-    if args.reddit is not None:
-        write_reddit(args.reddit, args.out)
-    return 0
+    return run(__doc__.split("\n\n")[0], {"conan": ("git directory of marcoguerini/CONAN", write_conan),
+                                           "reddit": ("git directory of dan-hickey1/toxic-counterspeech",
+                                                      write_reddit)}, argv)
 
 
 if __name__ == "__main__":

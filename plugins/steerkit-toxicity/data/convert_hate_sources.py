@@ -34,7 +34,9 @@ import io
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 TOXIGEN_COMMIT = "01517e814639e0334c920a3c502036c8158aac87"
 STORMFRONT_COMMIT = "b802137e8314c38a8d4faa965f9908d6c8e7a84d"
@@ -123,7 +125,7 @@ def _ls(repo: Path, commit: str, folder: str) -> list[str]:
 
 
 def _show(repo: Path, commit: str, path: str) -> str:
-    return _git(repo, "show", f"{commit}:{path}").decode("utf-8")
+    return _git(repo, "show", f"{commit}:{path}").decode("utf-8-sig")  # a leading byte-order mark dropped (CONAN's)
 
 
 def _resolve(repo: Path, commit: str) -> str:
@@ -146,42 +148,54 @@ def _copy_blob(repo: Path, commit: str, path: str, dest: Path) -> None:
     dest.write_bytes(_git(repo, "show", f"{commit}:{path}"))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--toxigen", type=Path, help="git directory of microsoft/TOXIGEN")
-    parser.add_argument("--stormfront", type=Path, help="git directory of Vicomtech/hate-speech-dataset")
-    parser.add_argument("--out", type=Path, required=True, help="the toxicity folder of the shared data")
+def write_toxigen(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, TOXIGEN_COMMIT)
+    demos = {p: _show(repo, commit, p) for p in _ls(repo, commit, "demonstrations") if p.endswith(".txt")}
+    prompts = {p: _show(repo, commit, p) for p in _ls(repo, commit, "prompts") if p.endswith(".txt")}
+    rows = merge_toxigen(demos, prompts)
+    out = out_root / "toxigen_human_statements"
+    _write_csv(out / "statements.csv", rows, ["text", "label", "groups", "files"])
+    _copy_blob(repo, commit, "LICENSE.txt", out / "LICENSE.txt")
+    hate = sum(r["label"] == "hate" for r in rows)
+    print(f"ToxiGen @{commit[:7]}: {len(rows)} statements ({hate} hate, {len(rows) - hate} neutral) -> {out}")
+
+
+def write_stormfront(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, STORMFRONT_COMMIT)
+    texts = {Path(p).stem: _show(repo, commit, p) for p in _ls(repo, commit, "all_files")}
+    test_ids = {Path(p).stem for p in _ls(repo, commit, "sampled_test")}
+    train, test = join_stormfront(_show(repo, commit, "annotations_metadata.csv"), texts, test_ids)
+    out = out_root / "stormfront_hate_speech"
+    fields = ["file_id", "subforum_id", "num_contexts", "label", "text"]
+    _write_csv(out / "train.csv", train, fields)
+    _write_csv(out / "test.csv", test, fields)
+    _copy_blob(repo, commit, "LICENSE", out / "LICENSE")
+    for name, part in (("train", train), ("test", test)):
+        counts = dict(Counter(r["label"] for r in part))
+        print(f"Stormfront @{commit[:7]} {name}: {len(part)} sentences {counts} -> {out / (name + '.csv')}")
+
+
+def run(description: str, sources: dict[str, tuple[str, Callable[[Path, Path], None]]],
+        argv: list[str] | None = None) -> int:
+    """The command line of a conversion script: ``--NAME GIT_DIR`` for each source (``{NAME: (help, write)}``, at
+    least one given) and ``--out``; calls ``write(git_dir, out)`` for each source given, in order."""
+    parser = argparse.ArgumentParser(description=description)
+    for name, (help_text, _) in sources.items():
+        parser.add_argument(f"--{name}", type=Path, help=help_text)
+    parser.add_argument("--out", type=Path, required=True, help="the toxicity folder of the data root")
     args = parser.parse_args(argv)
-    if args.toxigen is None and args.stormfront is None:
-        parser.error("give --toxigen and/or --stormfront")
-
-    if args.toxigen is not None:
-        repo, commit = args.toxigen, _resolve(args.toxigen, TOXIGEN_COMMIT)
-        demos = {p: _show(repo, commit, p) for p in _ls(repo, commit, "demonstrations") if p.endswith(".txt")}
-        prompts = {p: _show(repo, commit, p) for p in _ls(repo, commit, "prompts") if p.endswith(".txt")}
-        rows = merge_toxigen(demos, prompts)
-        out = args.out / "toxigen_human_statements"
-        _write_csv(out / "statements.csv", rows, ["text", "label", "groups", "files"])
-        _copy_blob(repo, commit, "LICENSE.txt", out / "LICENSE.txt")
-        hate = sum(r["label"] == "hate" for r in rows)
-        print(f"ToxiGen @{commit[:7]}: {len(rows)} statements ({hate} hate, {len(rows) - hate} neutral) -> {out}")
-
-    if args.stormfront is not None:
-        repo, commit = args.stormfront, _resolve(args.stormfront, STORMFRONT_COMMIT)
-        texts = {Path(p).stem: _show(repo, commit, p) for p in _ls(repo, commit, "all_files")}
-        test_ids = {Path(p).stem for p in _ls(repo, commit, "sampled_test")}
-        train, test = join_stormfront(_show(repo, commit, "annotations_metadata.csv"), texts, test_ids)
-        out = args.out / "stormfront_hate_speech"
-        fields = ["file_id", "subforum_id", "num_contexts", "label", "text"]
-        _write_csv(out / "train.csv", train, fields)
-        _write_csv(out / "test.csv", test, fields)
-        _copy_blob(repo, commit, "LICENSE", out / "LICENSE")
-        for name, part in (("train", train), ("test", test)):
-            counts = {}
-            for r in part:
-                counts[r["label"]] = counts.get(r["label"], 0) + 1
-            print(f"Stormfront @{commit[:7]} {name}: {len(part)} sentences {counts} -> {out / (name + '.csv')}")
+    given = [(getattr(args, name), write) for name, (_, write) in sources.items() if getattr(args, name) is not None]
+    if not given:
+        parser.error("give at least one of " + ", ".join(f"--{name}" for name in sources))
+    for repo, write in given:
+        write(repo, args.out)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(__doc__.split("\n\n")[0], {"toxigen": ("git directory of microsoft/TOXIGEN", write_toxigen),
+                                           "stormfront": ("git directory of Vicomtech/hate-speech-dataset",
+                                                          write_stormfront)}, argv)
 
 
 if __name__ == "__main__":
