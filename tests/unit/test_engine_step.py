@@ -54,6 +54,56 @@ def test_a_row_with_its_own_generator_draws_what_multinomial_draws_for_it_alone(
         assert int(got[b]) == int(alone)
 
 
+def _candidate_case(seed: int, rows: int = 6, V: int = 5000, K: int = 12):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(V, generator=g)[:K] for _ in range(rows)])
+    scores = torch.full((rows, V), float("-inf"))
+    values = torch.randn(rows, K, generator=g) * 3
+    values[0, K // 2:] = float("-inf")  # a row masked to its own smaller k
+    values[1, :3] = values[1, 3]  # tied candidates
+    scores.scatter_(1, ids, values - values.amax(-1, keepdim=True))
+    return scores, ids
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_drawing_at_the_candidates_draws_what_the_whole_row_draws(seed):
+    """``sample(..., ids=...)`` takes the logarithm only at the candidates: the same tokens as the draw over the
+    whole row, and every generator (or the shared RNG) is left where the whole-row draw leaves it."""
+    from steerkit.engine import step
+
+    assert step._candidate_draws_match()  # this torch: the fast path below is the one taken
+    scores, ids = _candidate_case(seed)
+    temperatures = [1.0, 0.0, 0.7, 1.0, 1.3, 1.0]
+    for shared in (False, True):
+        states = []
+        for use_ids in (None, ids):
+            torch.manual_seed(seed)
+            gens = None if shared else [torch.Generator().manual_seed(100 + b) if t else None
+                                        for b, t in enumerate(temperatures)]
+            tokens = [sample(scores, temperatures, gens, ids=use_ids) for _ in range(3)]  # three steps in a row
+            states.append((tokens, torch.get_rng_state() if shared else [x.get_state() for x in gens if x]))
+        (want, want_state), (got, got_state) = states
+        assert all(torch.equal(a, b) for a, b in zip(want, got))
+        if shared:
+            assert torch.equal(want_state, got_state)
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(want_state, got_state))
+
+
+def test_without_the_assumed_kernel_the_whole_row_is_drawn(monkeypatch):
+    """A torch whose ``exponential_`` is not what the candidate draw assumes gets the whole-row draw (the check
+    failing is simulated)."""
+    from steerkit.engine import step
+
+    scores, ids = _candidate_case(3)
+    monkeypatch.setattr(step, "_candidate_draws_match", lambda: False)
+    monkeypatch.setattr(step, "_draw_at", lambda *a: pytest.fail("the candidate draw was used"))
+    torch.manual_seed(1)
+    got = sample(scores, [1.0] * 6, None, ids=ids)
+    torch.manual_seed(1)
+    assert torch.equal(got, torch.multinomial(torch.softmax(scores, -1), 1).squeeze(1))
+
+
 def _rows_and_rewards(seed: int):
     rng = random.Random(seed)
     rewards = [_Reward(), _Reward()]
