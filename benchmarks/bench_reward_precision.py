@@ -1,7 +1,8 @@
 """Reduced-precision reward models (issue 25, item 2): speed per decoding step and |Δρ| against fp32, side by side.
 
 For each shipped toxicity reward (``toxicity``: sequence-level, 6 layers; ``toxicity-token``: token-level, 4 layers)
-and each backend (``torch`` and ``onnx`` in fp32, ``torch-bf16``, ``torch-bf16-compute``, ``onnx-int8``), in one run:
+and each backend (``torch`` and ``onnx`` in fp32, ``torch-bf16``, ``torch-bf16-compute``, ``torch-int8``, ``onnx-int8``), in one
+run:
 
 * **ms per reward step** at batch 1, one thread: ``session.score`` of k candidates (k = 20; also 200 for the
   token-level model) after a 20-token prefix, plus ``commit`` of one of them, i.e. the reward's work per generated
@@ -47,7 +48,7 @@ ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 DATA = REPO.parent / "shared" / "data"
 REWARDS = ("toxicity", "toxicity-token")
-BACKENDS = ("torch", "onnx", "torch-bf16", "torch-bf16-compute", "onnx-int8")
+BACKENDS = ("torch", "onnx", "torch-bf16", "torch-bf16-compute", "torch-int8", "onnx-int8")
 REFERENCE = "torch"
 PREFIX = ("I can't believe my neighbour would say something so stupid about the new restaurant down the road, "
           "and everyone")

@@ -1,5 +1,5 @@
 """Converted copies of a model, made once per model object: the bf16 reward backbone
-(:func:`steerkit.rewards.precision.as_bf16`), the llama.cpp copy of a torch reward model
+(:func:`steerkit.rewards.precision.as_reduced`), the llama.cpp copy of a torch reward model
 (:func:`steerkit.rewards.llama_cpp.model.as_llama_cpp`) and the int8 LM (:func:`steerkit.engine.lm_int8.as_int8`).
 
 The copy lives as long as the model it was made from (a weak key) and is made under a lock, so two threads that ask

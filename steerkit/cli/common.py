@@ -44,7 +44,7 @@ err = message_console()
 
 #: ``--backend`` help, one text for every command (tests/unit/test_cli_backend_help.py checks it names every built-in)
 BACKEND_HELP = ("Reward backend: auto (an ONNX export runs on onnx, anything else on torch), torch, onnx, onnx-int8, "
-                "torch-bf16, torch-bf16-compute, llama.cpp, llama.cpp-q8, or a plugin's (docs/backends.md).")
+                "torch-bf16, torch-bf16-compute, torch-int8, llama.cpp, llama.cpp-q8, or a plugin's (docs/backends.md).")
 
 
 COMPILE_HELP = ("steerkit's engine on the static-shape step compiled by torch.compile: faster per token once compiled "

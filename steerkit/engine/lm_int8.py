@@ -3,7 +3,7 @@
 
 **bfloat16** (:func:`as_bf16_lm`): every ``nn.Linear`` of the LM (projections, MLP, output head) stores its weight in
 bf16 and multiplies in bf16 (the input rounded to bf16, fp32 accumulation, the output returned as float32), the
-layer :class:`steerkit.bf16.Bf16MatmulLinear` that the ``torch-bf16-compute`` reward backend uses.
+layer :class:`steerkit.linear_precision.Bf16MatmulLinear` that the ``torch-bf16-compute`` reward backend uses.
 Embeddings, norms, attention, the KV cache and the logits stay float32. On a CPU with AVX512_BF16 (or AMX) and on
 CUDA the products run 2-4x faster than float32 at 16 rows; on a CPU without them, slower. Greedy tokens can differ
 from float32's where two candidates are close: docs/performance.md ("bf16 matmuls") has the agreement measured.
@@ -62,11 +62,11 @@ def int8_weights(model: nn.Module) -> nn.Module:
 
 def as_bf16_lm(model: nn.Module) -> nn.Module:
     """A copy of the LM ``model`` with every ``nn.Linear`` in bf16 with bf16 matmuls, made once per model object."""
-    from ..bf16 import BF16_COMPUTE, bf16_linears
+    from ..linear_precision import BF16_COMPUTE, convert_linears
 
     def convert(original):
         lm = copy.deepcopy(original)
-        if not bf16_linears(lm, BF16_COMPUTE):
+        if not convert_linears(lm, BF16_COMPUTE):
             raise ModelFormatError(f"dtype='bfloat16' found no linear layer in {type(original).__name__}; run it "
                                    "with dtype='float32'.")
         return lm.eval()

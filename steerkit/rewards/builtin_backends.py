@@ -1,5 +1,6 @@
 """steerkit's reward backends, registered through the public ``register_reward_backends`` hook: ``torch`` and
-``onnx`` (fp32), and their reduced-precision variants ``torch-bf16``, ``torch-bf16-compute`` and ``onnx-int8``
+``onnx`` (fp32), and their reduced-precision variants ``torch-bf16``, ``torch-bf16-compute``, ``torch-int8`` and
+``onnx-int8``
 (:mod:`.precision`).
 
 This module is listed in :data:`steerkit.registry.BUILTIN_PLUGINS`, so it registers exactly as an installed
@@ -80,37 +81,62 @@ class OnnxBackend(RewardBackend):
         return OnnxTokenModel.load(directory, precision=self.precision)
 
 
-class TorchBf16Backend(TorchBackend):
-    """The torch backend with the backbone's linear weights stored in bfloat16 and upcast to float32 for each
-    matmul (:func:`~steerkit.rewards.precision.bf16_weights`): half the memory of those weights, float32 compute."""
+class TorchReducedBackend(TorchBackend):
+    """The torch backend with the backbone's linear layers converted to :attr:`precision`
+    (:func:`~steerkit.rewards.precision.reduced_weights`) at load; an in-memory model handed in is converted as a
+    copy, once (:func:`~steerkit.rewards.precision.as_reduced`)."""
 
-    name = "torch-bf16"
-    #: :data:`~steerkit.rewards.precision.BF16` or :data:`~steerkit.rewards.precision.BF16_COMPUTE`
-    precision = "bf16"
+    #: :data:`~steerkit.rewards.precision.BF16`, :data:`~steerkit.rewards.precision.BF16_COMPUTE` or
+    #: :data:`~steerkit.rewards.precision.INT8`
+    precision: str
 
     def load(self, directory: Path):
-        from .precision import bf16_weights
+        from .precision import reduced_weights
 
-        return bf16_weights(super().load(directory), self.precision)
+        return reduced_weights(super().load(directory), self.precision)
 
     def load_token(self, directory: Path):
-        from .precision import bf16_weights
+        from .precision import reduced_weights
 
-        return bf16_weights(super().load_token(directory), self.precision)
+        return reduced_weights(super().load_token(directory), self.precision)
 
     def new_cache(self, model, input_ids, attention_mask):
-        from .precision import as_bf16
+        from .precision import as_reduced
 
-        return super().new_cache(as_bf16(model, self.precision), input_ids, attention_mask)
+        return super().new_cache(as_reduced(model, self.precision), input_ids, attention_mask)
 
 
-class TorchBf16ComputeBackend(TorchBf16Backend):
-    """The torch backend with the backbone's linear weights in bfloat16 and each matmul run in bfloat16 (input
-    rounded to bf16, output back to float32): 3-5x the fp32 matmul speed at 16 or more rows where the hardware
-    multiplies bf16 natively (AVX512_BF16 or AMX CPUs, CUDA), slower than fp32 where it does not."""
+class TorchBf16Backend(TorchReducedBackend):
+    """The backbone's linear weights stored in bfloat16 and upcast to float32 for each matmul: half the memory of
+    those weights, float32 compute."""
+
+    name = "torch-bf16"
+    precision = "bf16"
+
+
+class TorchBf16ComputeBackend(TorchReducedBackend):
+    """The backbone's linear weights in bfloat16 and each matmul run in bfloat16 (input rounded to bf16, output back
+    to float32): 3-5x the fp32 matmul speed at 16 or more rows where the hardware multiplies bf16 natively
+    (AVX512_BF16 or AMX CPUs, CUDA), slower than fp32 where it does not."""
 
     name = "torch-bf16-compute"
     precision = "bf16-compute"
+
+
+class TorchInt8Backend(TorchReducedBackend):
+    """The backbone's linear weights in int8 (a scale per output channel) and each matmul run in int8, its input
+    quantized per row on the fly (``torch._int_mm``, int32 accumulation). CPU only."""
+
+    name = "torch-int8"
+    precision = "int8"
+
+    def to_device(self, model, device: str) -> None:
+        if str(device) != "cpu":
+            from ..errors import InvalidArgumentError
+
+            raise InvalidArgumentError(f"backend 'torch-int8' runs on the CPU only, not on device {device!r}; use "
+                                       "'torch-bf16-compute' (or 'torch') on a GPU.")
+        super().to_device(model, device)
 
 
 class OnnxInt8Backend(OnnxBackend):
@@ -143,6 +169,9 @@ def register_reward_backends(register):
     register("torch-bf16-compute", TorchBf16ComputeBackend,
              description="PyTorch, backbone weights in bf16 and matmuls in bf16 (fast on CPUs with AVX512_BF16 or "
                          "AMX, and on CUDA)")
+    register("torch-int8", TorchInt8Backend,
+             description="PyTorch on the CPU, backbone weights in int8 and matmuls in int8 (inputs quantized per row; "
+                         "fast on CPUs with AVX512_VNNI)")
     register("onnx-int8", OnnxInt8Backend,
              description="onnxruntime: the ONNX export with 8-bit backbone weights and int8 matmuls "
                          "(onnxruntime>=1.22)")

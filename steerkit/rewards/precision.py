@@ -1,5 +1,6 @@
-"""Reduced-precision reward models: what the ``torch-bf16``, ``torch-bf16-compute`` and ``onnx-int8`` backends run
-(the two torch ones on the bfloat16 linear layers of :mod:`steerkit.bf16`, which the LM's ``dtype="bfloat16"`` uses).
+"""Reduced-precision reward models: what the ``torch-bf16``, ``torch-bf16-compute``, ``torch-int8`` and ``onnx-int8``
+backends run (the torch ones on the linear layers of :mod:`steerkit.linear_precision`, which the LM's
+``dtype="bfloat16"`` uses too).
 
 A precision is chosen by naming a backend (:mod:`steerkit.rewards.builtin_backends`), so it reaches every place a
 backend name does (``load_reward``, ``generate``, config files, ``--backend``, the server):
@@ -10,10 +11,13 @@ backend    precision    what runs
 torch      fp32         the reward model's own weights (the default where ``auto`` picks torch)
 onnx       fp32         a verified ONNX export in onnxruntime
 torch-bf16 bf16 storage the backbone's linear weights stored in bfloat16 (half their memory), each upcast to the
-                        activations' float32 for its matmul (:func:`bf16_weights`, here)
+                        activations' float32 for its matmul (:func:`reduced_weights`, here)
 torch-bf16 bf16 matmuls the same weights, and each matmul's input rounded to bfloat16: the product runs in bf16
 -compute                (fp32 accumulation) and is returned as float32. Fast only where the hardware multiplies
                         bf16 natively (a CPU with AVX512_BF16 or AMX, a CUDA GPU); elsewhere slower than fp32
+torch-int8 int8 matmuls the backbone's linear weights in int8 (a scale per output channel), each matmul's input
+                        quantized per row on the fly and the product accumulated in int32 (``torch._int_mm``).
+                        CPU only; fastest at the 16-row, k = 20 batches of a busy server on a CPU with AVX512_VNNI
 onnx-int8  int8         the ONNX export with the backbone's matmul weights in 8 bits, computed in int8 by
                         onnxruntime's MatMulNBits (:mod:`steerkit.rewards.onnx.quantize`)
 ========== ============ =====================================================================================
@@ -28,19 +32,21 @@ import copy
 
 from torch import nn
 
-from ..bf16 import BF16, BF16_COMPUTE, Bf16Linear, Bf16MatmulLinear, bf16_linears  # noqa: F401 (re-exported)
+from ..linear_precision import (BF16, BF16_COMPUTE, INT8, Bf16Linear, Bf16MatmulLinear,  # noqa: F401 (re-exported)
+                                Int8MatmulLinear, convert_linears)
 from ..errors import RewardModelFormatError
 from ..model_copies import converted_copy
 
-#: the attribute that marks a model whose weights :func:`bf16_weights` converted
+#: the attribute that marks a model whose weights :func:`reduced_weights` converted
 MARK = "_steerkit_precision"
 
 
-def bf16_weights(model: nn.Module, precision: str = BF16) -> nn.Module:
-    """Store the weights of ``model.backbone``'s linear layers (``nn.Linear`` and GPT-2's ``Conv1D``) in bfloat16,
-    in place (:func:`bf16_linears`): ``precision=BF16`` (backend ``torch-bf16``) upcasts each to the activations'
-    float32 for its matmul; ``BF16_COMPUTE`` (``torch-bf16-compute``) runs each matmul in bfloat16. Biases, norms,
-    the token embeddings and the reward (or token) head stay float32, and so do activations and the KV cache.
+def reduced_weights(model: nn.Module, precision: str = BF16) -> nn.Module:
+    """Convert ``model.backbone``'s linear layers (``nn.Linear`` and GPT-2's ``Conv1D``) to ``precision``, in place
+    (:func:`convert_linears`): ``BF16`` (backend ``torch-bf16``) stores each weight in bfloat16 and upcasts it to the
+    activations' float32 for its matmul; ``BF16_COMPUTE`` (``torch-bf16-compute``) runs each matmul in bfloat16;
+    ``INT8`` (``torch-int8``) stores each weight in int8 and runs each matmul in int8. Biases, norms, the token
+    embeddings and the reward (or token) head stay float32, and so do activations and the KV cache.
 
     Returns ``model``, marked as converted (a second call changes nothing). A backbone without such layers raises
     :class:`~steerkit.errors.RewardModelFormatError`."""
@@ -55,21 +61,21 @@ def bf16_weights(model: nn.Module, precision: str = BF16) -> nn.Module:
     if backbone is None:
         raise RewardModelFormatError(f"backend {backend!r} needs a steerkit reward model (with a backbone), got "
                                      f"{type(model).__name__}.")
-    if not bf16_linears(backbone, precision):
+    if not convert_linears(backbone, precision):
         raise RewardModelFormatError(f"backend {backend!r} found no linear layer in the backbone of "
-                                     f"{model.config.name!r} to store in bfloat16; use backend 'torch'.")
+                                     f"{model.config.name!r} to convert; use backend 'torch'.")
     setattr(model, MARK, precision)
     return model
 
 
-#: the backend that runs each bf16 precision
-BACKEND_OF = {BF16: "torch-bf16", BF16_COMPUTE: "torch-bf16-compute"}
+#: the backend that runs each precision of the torch weights
+BACKEND_OF = {BF16: "torch-bf16", BF16_COMPUTE: "torch-bf16-compute", INT8: "torch-int8"}
 
 
-def as_bf16(model: nn.Module, precision: str = BF16) -> nn.Module:
-    """``model`` itself when its weights are already converted for ``precision`` (what the ``torch-bf16`` and
-    ``torch-bf16-compute`` backends load), else a converted copy of it, made once per model object and precision (the
+def as_reduced(model: nn.Module, precision: str = BF16) -> nn.Module:
+    """``model`` itself when its weights are already converted for ``precision`` (what the ``torch-bf16``,
+    ``torch-bf16-compute`` and ``torch-int8`` backends load), else a converted copy of it, made once per model object and precision (the
     model handed in keeps its float32 weights; changes to them afterwards are not seen by the copy)."""
     if getattr(model, MARK, None) == precision:
         return model
-    return converted_copy(model, precision, lambda m: bf16_weights(copy.deepcopy(m), precision))
+    return converted_copy(model, precision, lambda m: reduced_weights(copy.deepcopy(m), precision))

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bf16_smollm2_picks_float32s_next_token_almost_everywhere():
-    from steerkit.bf16 import Bf16MatmulLinear
+    from steerkit.linear_precision import Bf16MatmulLinear
     from steerkit.engine.lm_int8 import as_bf16_lm
     from steerkit.models import load_causal_lm_cached
 

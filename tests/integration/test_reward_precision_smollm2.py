@@ -12,6 +12,12 @@ Bounds, from `benchmarks/bench_reward_precision.py` and this file's own texts (o
 
 Bounds: max |Δρ| 0.08 at int8 (0.05 until the grammar-trained `toxicity`, whose largest int8 change, 0.060, is on 3
 of 3,616 prefix scores; its final scores move by 0.020 at most) and 0.01 at bf16; the AUROC within 0.005 of fp32's.
+
+`torch-int8` (int8 matmuls with each input row quantized on the fly, 0.4.0 `toxicity`; `toxicity-token` on 0.3.0's
+data) moves more, since a row's few large activations set its scale: max |Δρ| on the functional cases 0.066
+(`toxicity`) / 0.091 (`toxicity-token`), on the s-nlp sample 0.084 / 0.111; AUROC 0.8937 → 0.8876 on the functional
+cases, 0.9775 → 0.9762 on the s-nlp sample (`toxicity`). Its bounds: max |Δρ| 0.15, AUROC within 0.012. Steering is
+unchanged within a standard error (docs/backends.md, "torch-int8").
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ from conftest import SHARED_DATA, requires_data, requires_smollm2
 pytestmark = [pytest.mark.integration, requires_smollm2]
 
 ROOT = Path(__file__).resolve().parents[2]
-BOUNDS = {"onnx-int8": 0.08, "torch-bf16": 0.01, "torch-bf16-compute": 0.03}
-AUROC_BOUND = 0.005
+BOUNDS = {"onnx-int8": 0.08, "torch-bf16": 0.01, "torch-bf16-compute": 0.03, "torch-int8": 0.15}
+AUROC_BOUNDS = {"torch-int8": 0.012}  # every other backend: within 0.005
 REWARDS = ("toxicity", "toxicity-token")
 
 
@@ -43,7 +49,7 @@ def _int8_problem():
 
 BACKENDS = [pytest.param("onnx-int8", marks=pytest.mark.skipif(_int8_problem() is not None,
                                                                 reason=f"onnx-int8 unavailable: {_int8_problem()}")),
-            "torch-bf16", "torch-bf16-compute"]
+            "torch-bf16", "torch-bf16-compute", "torch-int8"]
 
 _loaded: dict = {}
 
@@ -83,7 +89,7 @@ def test_reduced_precision_stays_near_fp32_on_the_labelled_functional_cases(name
     worst, fp32_auroc, reduced_auroc, identical = _compare(name, backend, texts, labels)
     assert not identical, f"{name} @ {backend} gives exactly fp32's rewards: the reduced precision was not applied"
     assert worst <= BOUNDS[backend], f"{name} @ {backend}: max |Δρ| {worst:.4f} > {BOUNDS[backend]}"
-    assert abs(reduced_auroc - fp32_auroc) <= AUROC_BOUND, (fp32_auroc, reduced_auroc)
+    assert abs(reduced_auroc - fp32_auroc) <= AUROC_BOUNDS.get(backend, 0.005), (fp32_auroc, reduced_auroc)
 
 
 @pytest.mark.slow
@@ -101,4 +107,4 @@ def test_reduced_precision_keeps_the_held_out_auroc(name, backend):
     worst, fp32_auroc, reduced_auroc, identical = _compare(name, backend, texts, labels)
     assert not identical
     assert worst <= BOUNDS[backend], f"{name} @ {backend}: max |Δρ| {worst:.4f} > {BOUNDS[backend]}"
-    assert abs(reduced_auroc - fp32_auroc) <= AUROC_BOUND, (fp32_auroc, reduced_auroc)
+    assert abs(reduced_auroc - fp32_auroc) <= AUROC_BOUNDS.get(backend, 0.005), (fp32_auroc, reduced_auroc)

@@ -172,7 +172,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "steerkit.errors", "steerkit.seeds", "steerkit.files", "steerkit.threads", "steerkit.validators",
         "steerkit.hf_compat", "steerkit.hookspecs", "steerkit.plugin_conflicts", "steerkit.provenance",
         "steerkit.registry", "steerkit.model_checks", "steerkit.llama_cpp_lib", "steerkit.model_copies",
-        "steerkit.compiling", "steerkit.bf16")),
+        "steerkit.compiling", "steerkit.linear_precision")),
     ("the step", ("steerkit.engine", "steerkit.engine.step", "steerkit.engine.text")),
     ("models and rewards", ("steerkit.models", "steerkit.devices", "steerkit.rewards.*")),
     ("the engine core", (
@@ -266,7 +266,7 @@ def test_the_engine_imports_no_terms_and_no_surface():
     found = sorted(f"{m} -> {t}" for m in graph if m.startswith("steerkit.engine") for t in graph[m]
                    if not t.startswith(("steerkit.engine", "steerkit.errors", "steerkit.hf_compat", "steerkit.rewards.base",
                                         "steerkit.llama_cpp_lib", "steerkit.model_copies", "steerkit.files",
-                                        "steerkit.compiling", "steerkit.bf16")))
+                                        "steerkit.compiling", "steerkit.linear_precision")))
     assert not found, found
 
 

@@ -134,7 +134,7 @@ def test_packaged_factories_called_without_a_backend_resolve_it(reward_dir):
 
 
 def test_unknown_backends_still_fail_and_name_auto():
-    with pytest.raises(InvalidArgumentError, match=r"Unknown reward backend 'tpu'; use 'torch', 'onnx', 'torch-bf16', 'torch-bf16-compute', 'onnx-int8', 'llama.cpp' or 'llama.cpp-q8'.*'auto'"):
+    with pytest.raises(InvalidArgumentError, match=r"Unknown reward backend 'tpu'; use 'torch', 'onnx', 'torch-bf16', 'torch-bf16-compute', 'torch-int8', 'onnx-int8', 'llama.cpp' or 'llama.cpp-q8'.*'auto'"):
         check_backend("tpu")
     with pytest.raises(ConfigError, match="backend: Unknown reward backend 'tpu'"):
         SteeringConfig.from_dict({"backend": "tpu"})

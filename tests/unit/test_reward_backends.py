@@ -21,8 +21,8 @@ from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.rewards.sequence.torch_cache import TorchScoringCache
 
 #: steerkit's own backends, in registration order: fp32 first, then the reduced-precision ones
-BUILTIN = ["torch", "onnx", "torch-bf16", "torch-bf16-compute", "onnx-int8"]
-BUILTIN_CHOICES = "'torch', 'onnx', 'torch-bf16', 'torch-bf16-compute', 'onnx-int8', 'llama.cpp' or 'llama.cpp-q8'"
+BUILTIN = ["torch", "onnx", "torch-bf16", "torch-bf16-compute", "torch-int8", "onnx-int8"]
+BUILTIN_CHOICES = "'torch', 'onnx', 'torch-bf16', 'torch-bf16-compute', 'torch-int8', 'onnx-int8', 'llama.cpp' or 'llama.cpp-q8'"
 #: registered by steerkit.rewards.llama_cpp.backend, a built-in plugin module of its own, after BUILTIN
 LLAMA_CPP = ["llama.cpp", "llama.cpp-q8"]
 
@@ -97,7 +97,7 @@ def test_a_plugin_backend_runs_everywhere_a_backend_name_goes(plugin_backend, re
     assert backend_names()[:len(BUILTIN) + len(LLAMA_CPP) + 1] == [*BUILTIN, *LLAMA_CPP, "counting"]
     assert SteeringConfig.from_dict({"backend": "counting"}).backend == "counting"
     assert EvalConfig.from_dict({"backend": "counting"}).backend == "counting"
-    with pytest.raises(ConfigError, match="'torch', 'onnx', 'torch-bf16', 'torch-bf16-compute', 'onnx-int8', 'llama.cpp', 'llama.cpp-q8', 'counting' or 'not-a-backend'"):
+    with pytest.raises(ConfigError, match="'torch', 'onnx', 'torch-bf16', 'torch-bf16-compute', 'torch-int8', 'onnx-int8', 'llama.cpp', 'llama.cpp-q8', 'counting' or 'not-a-backend'"):
         SteeringConfig.from_dict({"backend": "nope"})
 
     scorer = load_reward(str(reward_dir), backend="counting", context="full")

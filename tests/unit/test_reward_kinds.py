@@ -95,10 +95,10 @@ def test_the_token_kind_asks_the_backend_table_which_backends_run_it(tmp_path, t
     _, directory = save_model("token", tiny_backbone_dir, tmp_path / "rm")
     registry.register_plugin(SequenceOnlyPlugin(), name="sequence-only-plugin")
     try:
-        assert backends_with("load_token") == ["torch", "onnx", "torch-bf16", "torch-bf16-compute", "onnx-int8", "llama.cpp", "llama.cpp-q8"]
+        assert backends_with("load_token") == ["torch", "onnx", "torch-bf16", "torch-bf16-compute", "torch-int8", "onnx-int8", "llama.cpp", "llama.cpp-q8"]
         assert "sequence-only" in backends_with("load") and "sequence-only" in get_kind("sequence").backends()
         with pytest.raises(InvalidArgumentError, match="'sequence-only' does not run token-level reward models "
-                                                       r"\(kind: token\); use 'torch' or 'onnx' or 'torch-bf16' or 'torch-bf16-compute' or 'onnx-int8'"):
+                                                       r"\(kind: token\); use 'torch' or 'onnx' or 'torch-bf16' or 'torch-bf16-compute' or 'torch-int8' or 'onnx-int8'"):
             steerkit.load_reward(str(directory), backend="sequence-only")
     finally:
         registry.reset()

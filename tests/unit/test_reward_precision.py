@@ -1,5 +1,5 @@
-"""Reduced-precision reward backends (issue 25, item 2): ``onnx-int8``, ``torch-bf16`` and ``torch-bf16-compute`` on
-tiny random models.
+"""Reduced-precision reward backends (issue 25, item 2): ``onnx-int8``, ``torch-bf16``, ``torch-bf16-compute`` and
+``torch-int8`` on tiny random models.
 
 Each precision must stay near fp32 (within a stated bound) and must *not* be bit-identical to it, so a quantization
 that is silently skipped fails as surely as a broken one. The int8 export is cached next to the fp32 export and
@@ -18,7 +18,8 @@ import torch
 import steerkit
 from steerkit.errors import ConfigError, ExportError, InvalidArgumentError
 from steerkit.rewards.model import RewardModel, TokenHeadSettings
-from steerkit.rewards.precision import BF16, BF16_COMPUTE, Bf16Linear, Bf16MatmulLinear, as_bf16, bf16_weights
+from steerkit.rewards.precision import (BF16, BF16_COMPUTE, INT8, Bf16Linear, Bf16MatmulLinear, Int8MatmulLinear,
+                                        as_reduced, reduced_weights)
 from steerkit.rewards.token.model import TokenRewardModel
 
 TEXTS = ["The quick brown fox jumps over", "You are a wonderful friend", "I hate", "Café déjà vu 🙂",
@@ -30,9 +31,12 @@ INT8_BOUND = 0.05
 BF16_BOUND = 0.01
 #: bf16 matmuls round each product's input and output to bf16 too (measured: 0.0058 sequence, 0.0026 token)
 BF16_COMPUTE_BOUND = 0.015
-#: backend -> (precision, its linear layer, |Δρ| bound)
-BF16_BACKENDS = {"torch-bf16": (BF16, Bf16Linear, BF16_BOUND),
-                 "torch-bf16-compute": (BF16_COMPUTE, Bf16MatmulLinear, BF16_COMPUTE_BOUND)}
+#: int8 matmuls quantize each product's input per row too (measured: 0.018 sequence, 0.0068 token), as onnx-int8 does
+TORCH_INT8_BOUND = 0.05
+#: backend -> (precision, its linear layer, the weights' dtype, |Δρ| bound)
+TORCH_BACKENDS = {"torch-bf16": (BF16, Bf16Linear, torch.bfloat16, BF16_BOUND),
+                  "torch-bf16-compute": (BF16_COMPUTE, Bf16MatmulLinear, torch.bfloat16, BF16_COMPUTE_BOUND),
+                  "torch-int8": (INT8, Int8MatmulLinear, torch.int8, TORCH_INT8_BOUND)}
 
 
 def _int8_ready():
@@ -106,32 +110,32 @@ def test_int8_rewards_are_near_fp32_and_not_identical(which, request, tokenizer,
     assert 0 < gap <= INT8_BOUND, gap
 
 
-@pytest.mark.parametrize("backend", sorted(BF16_BACKENDS))
+@pytest.mark.parametrize("backend", sorted(TORCH_BACKENDS))
 @pytest.mark.parametrize("which", ["reward_dir", "token_dir"], ids=["sequence", "token"])
-def test_bf16_rewards_are_near_fp32_and_not_identical(which, backend, request, tokenizer):
+def test_reduced_torch_rewards_are_near_fp32_and_not_identical(which, backend, request, tokenizer):
     directory = request.getfixturevalue(which)
-    _, layer, bound = BF16_BACKENDS[backend]
-    fp32, bf16 = steerkit.load_reward(str(directory)), steerkit.load_reward(str(directory), backend=backend)
-    assert bf16.backend == backend
-    linears = [m for m in bf16.model.backbone.modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(type(m) is layer and m.weight.dtype == torch.bfloat16 for m in linears)
+    _, layer, dtype, bound = TORCH_BACKENDS[backend]
+    fp32, reduced = steerkit.load_reward(str(directory)), steerkit.load_reward(str(directory), backend=backend)
+    assert reduced.backend == backend
+    linears = [m for m in reduced.model.backbone.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(type(m) is layer and m.weight.dtype == dtype for m in linears)
     # only the backbone's matmul weights: embeddings, norms, the head, activations and the KV cache stay fp32
-    assert bf16.model.backbone.get_input_embeddings().weight.dtype == torch.float32
-    assert all(p.dtype == torch.float32 for p in bf16.model.head.parameters())
-    gap, identical = _gap(fp32, bf16, tokenizer)
-    assert not identical, "the bf16 rewards are exactly fp32's: the weights were not stored in bf16"
+    assert reduced.model.backbone.get_input_embeddings().weight.dtype == torch.float32
+    assert all(p.dtype == torch.float32 for p in reduced.model.head.parameters())
+    gap, identical = _gap(fp32, reduced, tokenizer)
+    assert not identical, f"the {backend} rewards are exactly fp32's: the weights were not converted"
     assert 0 < gap <= bound, gap
 
 
-@pytest.mark.parametrize("backend", sorted(BF16_BACKENDS))
-def test_bf16_of_an_in_memory_model_converts_a_copy_once(backend, reward_dir):
-    precision, layer, _ = BF16_BACKENDS[backend]
+@pytest.mark.parametrize("backend", sorted(TORCH_BACKENDS))
+def test_reduced_torch_of_an_in_memory_model_converts_a_copy_once(backend, reward_dir):
+    precision, layer, _, _ = TORCH_BACKENDS[backend]
     model = RewardModel.from_pretrained(reward_dir)
     scorer = steerkit.RewardModelScorer(model, backend=backend)
     enc = model.encode(["I hate it"])
     cache = scorer.new_cache(enc["input_ids"], enc["attention_mask"])
-    assert cache.model is not model and cache.model is as_bf16(model, precision)
-    assert bf16_weights(cache.model, precision) is cache.model
+    assert cache.model is not model and cache.model is as_reduced(model, precision)
+    assert reduced_weights(cache.model, precision) is cache.model
     assert any(type(m) is layer for m in cache.model.backbone.modules())
     assert all(type(m) is torch.nn.Linear and m.weight.dtype == torch.float32  # the caller's model is untouched
                for m in model.backbone.modules() if isinstance(m, torch.nn.Linear))
@@ -236,7 +240,7 @@ def test_an_unknown_precision_backend_is_a_typed_error_listing_the_choices(rewar
 
     for bad in ("onnx-int4", "int8", "bf16"):
         with pytest.raises(InvalidArgumentError, match=f"Unknown reward backend '{bad}'; use 'torch', 'onnx', "
-                                                       "'torch-bf16', 'torch-bf16-compute'(,| or) 'onnx-int8'"):
+                                                       "'torch-bf16', 'torch-bf16-compute', 'torch-int8'(,| or) 'onnx-int8'"):
             steerkit.load_reward(str(reward_dir), backend=bad)
         with pytest.raises(ConfigError, match=f"backend: Unknown reward backend '{bad}'"):
             SteeringConfig.from_dict({"backend": bad})
@@ -257,7 +261,7 @@ def test_an_onnxruntime_without_8bit_kernels_says_which_version_to_install(rewar
     assert not quantize.int8_supported()
 
 
-def test_bf16_of_a_model_without_linear_layers_is_a_typed_error():
+def test_a_reduced_torch_model_without_linear_layers_is_a_typed_error():
     from steerkit.errors import RewardModelFormatError
 
     class NoLinear(torch.nn.Module):
@@ -267,22 +271,33 @@ def test_bf16_of_a_model_without_linear_layers_is_a_typed_error():
             self.config = type("C", (), {"name": "odd"})()
 
     with pytest.raises(RewardModelFormatError, match="no linear layer"):
-        bf16_weights(NoLinear())
+        reduced_weights(NoLinear())
     with pytest.raises(RewardModelFormatError, match="needs a steerkit reward model"):
-        bf16_weights(torch.nn.Linear(2, 2))
+        reduced_weights(torch.nn.Linear(2, 2))
 
 
-def test_a_model_converted_for_one_bf16_backend_is_refused_by_the_other(reward_dir):
+def test_a_model_converted_for_one_reduced_backend_is_refused_by_another(reward_dir):
     from steerkit.errors import RewardModelFormatError
 
     stored = steerkit.load_reward(str(reward_dir), backend="torch-bf16").model
     with pytest.raises(RewardModelFormatError, match="already converted for 'torch-bf16'; load it again"):
-        bf16_weights(stored, BF16_COMPUTE)
+        reduced_weights(stored, BF16_COMPUTE)
+    stored = steerkit.load_reward(str(reward_dir), backend="torch-int8").model
+    with pytest.raises(RewardModelFormatError, match="already converted for 'torch-int8'; load it again"):
+        reduced_weights(stored, BF16)
+
+
+def test_torch_int8_refuses_a_gpu(reward_dir):
+    from steerkit.devices import move_reward
+
+    reward = steerkit.load_reward(str(reward_dir), backend="torch-int8")
+    assert move_reward(reward, "cpu") is reward
+    with pytest.raises(InvalidArgumentError, match="'torch-int8' runs on the CPU only, not on device 'cuda'"):
+        move_reward(reward, "cuda")
 
 
 # -- steering end to end, through every surface a backend name reaches ----------------------------------------------
-@pytest.mark.parametrize("backend", [pytest.param("onnx-int8", marks=requires_int8), "torch-bf16",
-                                     "torch-bf16-compute"])
+@pytest.mark.parametrize("backend", [pytest.param("onnx-int8", marks=requires_int8), *sorted(TORCH_BACKENDS)])
 def test_steering_runs_end_to_end(backend, reward_dir, token_dir, lm, tokenizer, steerkit_cache, tmp_path):
     from typer.testing import CliRunner
 
@@ -306,7 +321,7 @@ def test_steering_runs_end_to_end(backend, reward_dir, token_dir, lm, tokenizer,
     assert result.exit_code == 0, result.output
     rewards = [r["reward"] for r in json.loads(result.stdout)["results"]]
     reference = RewardModel.from_pretrained(reward_dir).score_texts(["I hate it", "hello"])
-    bound = INT8_BOUND if backend == "onnx-int8" else BF16_BACKENDS[backend][2]
+    bound = INT8_BOUND if backend == "onnx-int8" else TORCH_BACKENDS[backend][3]
     assert max(abs(a - b) for a, b in zip(rewards, reference)) <= bound
     lm_dir = tmp_path / "lm"
     lm.save_pretrained(lm_dir)
@@ -330,15 +345,15 @@ def _gpt2_reward(tokenizer):
     return rm
 
 
-@pytest.mark.parametrize("backend", sorted(BF16_BACKENDS))
-def test_bf16_converts_gpt2_conv1d_layers(backend, tokenizer):
-    precision, _, bound = BF16_BACKENDS[backend]
+@pytest.mark.parametrize("backend", sorted(TORCH_BACKENDS))
+def test_reduced_torch_converts_gpt2_conv1d_layers(backend, tokenizer):
+    precision, _, dtype, bound = TORCH_BACKENDS[backend]
     rm = _gpt2_reward(tokenizer)
     reference = torch.tensor(rm.score_texts(TEXTS))
-    converted = bf16_weights(_gpt2_reward(tokenizer), precision)
-    name = "Bf16Conv1D" if precision == BF16 else "Bf16MatmulConv1D"
+    converted = reduced_weights(_gpt2_reward(tokenizer), precision)
+    name = {BF16: "Bf16Conv1D", BF16_COMPUTE: "Bf16MatmulConv1D", INT8: "Int8MatmulConv1D"}[precision]
     layers = [m for m in converted.backbone.modules() if type(m).__name__ == name]
-    assert len(layers) == 8 and all(m.weight.dtype == torch.bfloat16 for m in layers)  # 4 per block
+    assert len(layers) == 8 and all(m.weight.dtype == dtype for m in layers)  # 4 per block
     gap = float((torch.tensor(converted.score_texts(TEXTS)) - reference).abs().max())
     assert 0 < gap <= bound, gap
 
@@ -355,3 +370,23 @@ def test_int8_quantizes_gpt2_gemm_layers(tokenizer, tmp_path, steerkit_cache):
     got = torch.tensor(OnnxRewardModel(out, tokenizer=tokenizer).score_texts(TEXTS))
     gap = float((got - torch.tensor(rm.score_texts(TEXTS))).abs().max())
     assert 0 < gap <= INT8_BOUND, gap
+
+
+def test_an_int8_linear_layer_is_the_rescaled_int32_product_of_int8_rows_and_columns():
+    """``torch-int8``'s layer: the weight in int8 with a max-abs scale per output row (each row reaches ±127), each
+    input row quantized the same way, the product exact in int32, then rescaled: within 1% of float32 here."""
+    from steerkit.linear_precision import convert_linears
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 24)
+    x = torch.randn(2, 5, 64) * 3
+    reference = layer(x).detach()
+    assert convert_linears(layer, INT8) == 1 and type(layer) is Int8MatmulLinear
+    assert layer.weight.dtype == torch.int8 and layer.weight.abs().amax(1).eq(127).all()
+    scale = x.abs().amax(-1, keepdim=True) / 127
+    rows = torch.round(x / scale)
+    exact = (rows.double() @ layer.weight.double().t()) * scale.double() * layer.weight_scale.double() + layer.bias.detach()
+    got = layer(x).detach()
+    assert got.shape == reference.shape and got.dtype == torch.float32
+    assert torch.allclose(got.double(), exact, rtol=1e-5, atol=1e-5)
+    assert 0 < float((got - reference).abs().max() / reference.abs().max()) < 0.01

@@ -162,7 +162,7 @@ def test_int8_generate_runs_eagerly_and_compiled_alike(lm, tokenizer, reward_mod
 
 
 def test_bf16_lm_runs_every_linear_in_bf16_and_stays_close_to_float32(lm):
-    from steerkit.bf16 import Bf16MatmulLinear
+    from steerkit.linear_precision import Bf16MatmulLinear
 
     b = as_bf16_lm(lm)
     assert b is as_bf16_lm(lm) and b is not lm  # one copy per model; the float32 LM is untouched
@@ -178,13 +178,13 @@ def test_bf16_lm_runs_every_linear_in_bf16_and_stays_close_to_float32(lm):
 
 
 def test_bf16_matmul_layer_is_the_bf16_product_returned_in_float32():
-    from steerkit.bf16 import BF16_COMPUTE, bf16_linears
+    from steerkit.linear_precision import BF16_COMPUTE, convert_linears
 
     torch.manual_seed(0)
     layer = torch.nn.Sequential(torch.nn.Linear(64, 48))
     x = torch.randn(5, 64)
     exact = layer(x)
-    assert bf16_linears(layer, BF16_COMPUTE) == 1
+    assert convert_linears(layer, BF16_COMPUTE) == 1
     y = layer(x)
     w, bias = layer[0].weight, layer[0].bias
     assert y.dtype == torch.float32 and bias.dtype == torch.float32
@@ -267,7 +267,7 @@ def test_the_servers_setup_path_gives_the_bf16_lm_and_bf16_rewards(tiny_backbone
     """``steerkit serve --dtype bfloat16 --backend torch-bf16-compute``: the server's LM and its torch rewards multiply
     in bf16 (serving.loading, through the same config fields as every surface)."""
     from steerkit import registry
-    from steerkit.bf16 import Bf16MatmulLinear
+    from steerkit.linear_precision import Bf16MatmulLinear
     from steerkit.rewards.model import RewardModel
     from steerkit.serving.loading import engine_parts
 

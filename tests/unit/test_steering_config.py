@@ -101,7 +101,7 @@ def test_toml_config_is_equivalent(tmp_path, model_dirs):
     ("rewards:\n  - {name: a, beta: 1, schedule: linear, ramp_steps: 0}\n", "rewards.0.ramp_steps", "greater than or equal to 1"),
     ("k: 0\n", "k", "greater than or equal to 1"),
     ("temperature: -1\n", "temperature", "greater than 0"),
-    ("backend: tensorflow\n", "backend", "'torch', 'onnx', 'torch-bf16', 'torch-bf16-compute', 'onnx-int8', 'llama.cpp' or 'llama.cpp-q8'"),
+    ("backend: tensorflow\n", "backend", "'torch', 'onnx', 'torch-bf16', 'torch-bf16-compute', 'torch-int8', 'onnx-int8', 'llama.cpp' or 'llama.cpp-q8'"),
 ])
 def test_bad_config_names_the_field(tmp_path, body, where, what):
     path = write(tmp_path / "bad.yaml", body)

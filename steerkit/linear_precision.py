@@ -1,0 +1,141 @@
+"""Reduced-precision linear layers, shared by the LM's ``dtype="bfloat16"`` (:mod:`steerkit.engine.lm_int8`) and the
+reward backends ``torch-bf16``, ``torch-bf16-compute`` and ``torch-int8`` (:mod:`steerkit.rewards.precision`).
+
+Three precisions; biases stay float32 in all of them:
+
+* :data:`BF16`: each weight is stored in bfloat16 (half the memory) and upcast to the activations' float32 for its
+  matmul (float32 compute);
+* :data:`BF16_COMPUTE`: the weight in bfloat16 and each matmul run in bfloat16 (its input rounded to bf16, float32
+  accumulation, the output rounded to bf16 and returned as float32). Fast only where the hardware multiplies bf16
+  natively: a CPU with AVX512_BF16 or AMX (3-5x float32's products at 16 or more rows on the CPU it was measured
+  on), a CUDA GPU; elsewhere slower than float32;
+* :data:`INT8`: the weight in int8 with a float32 scale per output channel (symmetric, max-abs / 127), and each
+  matmul run in int8: every input row is quantized on the fly with its own scale (symmetric, max-abs / 127), the
+  product is accumulated exactly in int32 (``torch._int_mm``) and rescaled to float32. On the CPU only; about 1.5x
+  bf16's products at 320 rows on a CPU with AVX512_VNNI (docs/backends.md, "torch-int8").
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+BF16 = "bf16"
+BF16_COMPUTE = "bf16-compute"
+INT8 = "int8"
+
+
+class Bf16Linear(nn.Linear):
+    """An ``nn.Linear`` whose weight is stored in bfloat16 and upcast to the input's dtype for each matmul."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.weight.to(x.dtype), bias)
+
+
+class Bf16MatmulLinear(nn.Linear):
+    """An ``nn.Linear`` whose weight is stored in bfloat16 and whose product runs in bfloat16: the input is rounded
+    to bf16, the output is returned in the input's dtype, and the bias (kept float32) is added in that dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # as a 2-D product: a strided 3-D bf16 input (transformers' logits_to_keep slice) would send F.linear down
+        # a batched path that copies the whole weight per call (38 ms for SmolLM2's output head)
+        y = F.linear(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.weight).to(x.dtype)
+        y = y.view(*x.shape[:-1], y.shape[-1])
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+class Int8MatmulLinear(nn.Linear):
+    """An ``nn.Linear`` whose weight is int8 (``weight_scale``: float32, one per output row) and whose product runs in
+    int8 (:func:`int8_product`); the output is returned in the input's dtype with the float32 bias added."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = int8_product(x.reshape(-1, x.shape[-1]), self.weight.t(), self.weight_scale).to(x.dtype)
+        y = y.view(*x.shape[:-1], y.shape[-1])
+        return y if self.bias is None else y + self.bias.to(x.dtype)
+
+
+def int8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+    """``x`` [M, K] (float) times the int8 ``weight`` [K, N], whose column ``n`` stands for ``weight[:, n] *
+    weight_scale[n]``: each row of ``x`` is quantized to int8 with its own max-abs scale, the product is accumulated
+    in int32 and rescaled. float32 [M, N]."""
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True).clamp_(min=_TINY).div_(127.0)
+    product = torch._int_mm(torch.round(x / scale).to(torch.int8), weight)
+    return product.to(torch.float32).mul_(scale).mul_(weight_scale)
+
+
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def _int8_weight(weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` as int8 with a float32 max-abs scale along ``dim`` (the input dimension)."""
+    weight = weight.detach().float()
+    scale = weight.abs().amax(dim).clamp_(min=_TINY).div_(127.0)
+    return torch.round(weight / scale.unsqueeze(dim)).clamp_(-127, 127).to(torch.int8), scale
+
+
+@functools.cache
+def _conv1d_classes():
+    """GPT-2's ``Conv1D`` and its two bf16 forms (storage only, bf16 matmul), or None where transformers lacks it;
+    made once per process, so every converted model's layers share one class each."""
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:  # a transformers without GPT-2's Conv1D: nothing to convert
+        return None
+
+    class Bf16Conv1D(Conv1D):
+        """GPT-2's ``Conv1D`` (``x @ W + b``, W [in, out]) with W stored in bfloat16, upcast for each matmul."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            size_out = x.size()[:-1] + (self.nf,)
+            x = torch.addmm(self.bias.to(x.dtype), x.view(-1, x.size(-1)), self.weight.to(x.dtype))
+            return x.view(size_out)
+
+    class Bf16MatmulConv1D(Conv1D):
+        """GPT-2's ``Conv1D`` with W stored in bfloat16 and the product run in bfloat16 (bias added in float32)."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            size_out = x.size()[:-1] + (self.nf,)
+            y = torch.mm(x.reshape(-1, x.size(-1)).to(torch.bfloat16), self.weight).to(x.dtype) + self.bias.to(x.dtype)
+            return y.view(size_out)
+
+    class Int8MatmulConv1D(Conv1D):
+        """GPT-2's ``Conv1D`` with W in int8 (a scale per output column) and the product run in int8."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = int8_product(x.reshape(-1, x.size(-1)), self.weight, self.weight_scale).to(x.dtype)
+            return (y + self.bias.to(x.dtype)).view(x.size()[:-1] + (self.nf,))
+
+    return Conv1D, {BF16: Bf16Conv1D, BF16_COMPUTE: Bf16MatmulConv1D, INT8: Int8MatmulConv1D}
+
+
+_LINEAR = {BF16: Bf16Linear, BF16_COMPUTE: Bf16MatmulLinear, INT8: Int8MatmulLinear}
+
+
+def convert_linears(root: nn.Module, precision: str = BF16) -> int:
+    """Convert every linear layer under ``root`` (``nn.Linear`` and GPT-2's ``Conv1D``) to ``precision``, in place:
+    :data:`BF16` stores each weight in bfloat16 and upcasts it for its matmul, :data:`BF16_COMPUTE` runs the matmul in
+    bfloat16, :data:`INT8` stores the weight in int8 and runs the matmul in int8. Biases stay float32. Returns how
+    many layers were converted. A weight shared with another module (tied embeddings) is not changed for that
+    module: the layer gets its own copy."""
+    conv = _conv1d_classes()
+    converted = 0
+    for module in root.modules():
+        if type(module) is nn.Linear:
+            module.__class__, in_dim = _LINEAR[precision], 1  # weight [out, in]
+        elif conv is not None and type(module) is conv[0]:
+            module.__class__, in_dim = conv[1][precision], 0  # weight [in, out]
+        else:
+            continue
+        if precision == INT8:
+            weight, scale = _int8_weight(module.weight, in_dim)
+            module.weight = nn.Parameter(weight, requires_grad=False)
+            module.register_buffer("weight_scale", scale)
+        else:
+            module.weight = nn.Parameter(module.weight.detach().to(torch.bfloat16), requires_grad=False)
+        converted += 1
+    return converted
