@@ -12,7 +12,8 @@ Three precisions; biases stay float32 in all of them:
 * :data:`INT8`: the weight in int8 with a float32 scale per output channel (symmetric, max-abs / 127), and each
   matmul run in int8: every input row is quantized on the fly with its own scale (symmetric, max-abs / 127), the
   product is accumulated exactly in int32 (``torch._int_mm``) and rescaled to float32. On the CPU only; about 1.5x
-  bf16's products at 320 rows on a CPU with AVX512_VNNI (docs/backends.md, "torch-int8").
+  bf16's products at 320 rows on a CPU with AVX512_VNNI, about 2x float32's where torch is held to AVX2
+  (docs/backends.md, "int8 matmuls").
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ def _int8_weight(weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Te
 
 @functools.cache
 def _conv1d_classes():
-    """GPT-2's ``Conv1D`` and its two bf16 forms (storage only, bf16 matmul), or None where transformers lacks it;
-    made once per process, so every converted model's layers share one class each."""
+    """GPT-2's ``Conv1D`` and its forms per precision (bf16 storage, bf16 matmul, int8 matmul), or None where
+    transformers lacks it; made once per process, so every converted model's layers share one class each."""
     try:
         from transformers.pytorch_utils import Conv1D
     except ImportError:  # a transformers without GPT-2's Conv1D: nothing to convert
