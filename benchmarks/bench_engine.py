@@ -5,7 +5,9 @@
    compared with ``steerkit.generate([prompt], seed=...)`` alone (the engine's contract). Run on the tiny test
    models and on SmolLM2-135M-Instruct with the shipped ``toxicity`` reward.
 2. **Drift** (``drift_smollm2``): how far batched float arithmetic moves a row's numbers: the LM's next-token
-   logits of one row decoded alone vs. inside a batch of 8 rows of other lengths (teacher-forced), and the
+   logits of one row prefilled and decoded alone vs. prefilled together with 7 rows of other lengths (one padded
+   forward, as the server prefills newcomers that arrive together) and decoded inside that batch (teacher-forced),
+   and the
    toxicity rewards of one row's session alone vs. merged with 7 others.
 3. **Reward coverage** (``coverage_smollm2``): 16 running rows of which 8 use ``toxicity``: a step of the
    session over those 8 rows (what the engine does) vs. a session over all 16 with β = 0 for the others.
@@ -104,7 +106,8 @@ def drift(lm, tokenizer, reward, steps: int = 32) -> dict:
                        "everyone was tired and went home to sleep.", add_special_tokens=False)["input_ids"][:steps]
     alone, batch = LMBatch(lm), LMBatch(lm)
     alone.join([alone.prefill(ids[0])])
-    batch.join([batch.prefill(i) for i in ids])
+    batch.join(batch.prefill_many(ids))  # the 8 rows arrive together: one padded prefill, as the server does
+    worst_prefill = (alone.logits[0] - batch.logits[0]).abs().max().item()
     worst_logit = 0.0
     for t in forced:
         worst_logit = max(worst_logit, (alone.logits[0] - batch.logits[0]).abs().max().item())
@@ -123,7 +126,8 @@ def drift(lm, tokenizer, reward, steps: int = 32) -> dict:
         worst_reward = max(worst_reward, (a[0] - b[0]).abs().max().item())
         s_alone.commit(torch.tensor([t]))
         s_batch.commit(cands[:, 0])
-    return {"steps": len(forced), "max_abs_logit_diff": worst_logit, "max_abs_reward_diff": worst_reward}
+    return {"steps": len(forced), "max_abs_prefill_logit_diff": worst_prefill, "max_abs_logit_diff": worst_logit,
+            "max_abs_reward_diff": worst_reward}
 
 
 def coverage(tokenizer, reward, steps: int = 20, rows: int = 16, using: int = 8) -> dict:

@@ -3,7 +3,7 @@
 Every surface decodes through :class:`EngineCore`: :func:`steerkit.generate` (rows that share their settings and
 one RNG, prefilled together; a finished row stays in the batch, fed padding, until the batch ends, exactly as
 transformers' ``generate`` does), and the HTTP server's continuous batching (rows with their own settings
-and generators, prefilled alone, joining and leaving between steps). The batch, evaluation runs, Ray actors
+and generators, prefilled apart from the running rows, joining and leaving between steps). The batch, evaluation runs, Ray actors
 and distillation reach it through ``generate``.
 
 A step (:meth:`EngineCore.step`): the LM's next-token logits of every row, the RAD step of
@@ -68,8 +68,9 @@ class EngineCore:
 
     # -- rows joining and leaving -------------------------------------------------------------------------
     def admit(self, rows: list[Row], *, together: bool = False, prefilled: dict | None = None) -> dict:
-        """Prefill newcomers and start their reward sessions: each alone (the server: the same logits whatever
-        else runs), or ``together`` in one left-padded forward (``generate``: the batch must be empty).
+        """Prefill newcomers and start their reward sessions: apart from the running rows (the server; newcomers
+        that arrive together share padded forwards, :meth:`_prefill`), or ``together`` in one left-padded forward
+        (``generate``: the batch must be empty).
         ``prefilled``: rows whose prompt already ran (``{row: Prefilled}``, the server's chunked prefill).
         Returns ``{row: exception}`` for rows that could not start (``strict``: raises)."""
         prefilled = prefilled or {}
@@ -80,21 +81,44 @@ class EngineCore:
             self.batch.prefill_padded([row.prompt_ids for row in rows], self.tokenizer)
             ready = list(rows)
         else:
-            ready, done = [], []
+            started = []
             for row in rows:
                 try:
                     row.start(self.tokenizer, self.batch.device, self.shared_rng, self.stream_text)
-                    done.append(prefilled[row] if row in prefilled else self.batch.prefill(row.prompt_ids))
-                    ready.append(row)
+                    started.append(row)
                 except Exception as exc:  # noqa: BLE001
                     if self.strict:
                         raise
                     failed[row] = exc
-            self.batch.join(done)
+            runs = dict(prefilled)
+            runs.update(self._prefill([row for row in started if row not in prefilled], failed))
+            ready = [row for row in started if row in runs]
+            self.batch.join([runs[row] for row in ready])
         self.rows += ready
         self._plan = None
         failed.update(self._join_rewards(ready))
         return failed
+
+    def _prefill(self, rows: list[Row], failed: dict) -> dict:
+        """``{row: Prefilled}`` of newcomers that arrive together, prefilled apart from the running rows (in padded
+        forwards of similar lengths where the LM's batch offers ``prefill_many``); if such a forward fails, each row is
+        prefilled alone, so that only a row that fails alone fails (into ``failed``)."""
+        many = getattr(self.batch, "prefill_many", None)
+        if len(rows) > 1 and many is not None:
+            try:
+                return dict(zip(rows, many([row.prompt_ids for row in rows])))
+            except Exception:  # noqa: BLE001 - retried row by row below
+                if self.strict:
+                    raise
+        out = {}
+        for row in rows:
+            try:
+                out[row] = self.batch.prefill(row.prompt_ids)
+            except Exception as exc:  # noqa: BLE001
+                if self.strict:
+                    raise
+                failed[row] = exc
+        return out
 
     def _join_rewards(self, rows: list[Row]) -> dict:
         return join_groups(self.groups, rows, self.tokenizer, strict=self.strict, name_of=self._names)

@@ -1,6 +1,7 @@
 """The language model's side of the engine: one KV cache over the running rows. A batch starts prefilled
-together (:meth:`LMBatch.prefill_padded`, ``generate``), or newcomers join it (prefilled alone, then
-left-padded and concatenated: the server's continuous batching) and finished rows leave (``index_select``).
+together (:meth:`LMBatch.prefill_padded`, ``generate``), or newcomers join it (prefilled apart from the running
+rows, those that arrive together in padded forwards of similar lengths, then left-padded and concatenated: the
+server's continuous batching) and finished rows leave (``index_select``).
 
 Every row's real tokens are the right-aligned columns of the cache (each step appends one column to every
 row), so the width is the longest row; columns no remaining row uses are cropped when rows leave. Position
@@ -60,12 +61,32 @@ class PrefillJob:
         self.done = end
         if end < len(self.ids):
             return None
-        for layer in self.cache.layers:
-            if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
-                raise InvalidArgumentError(
-                    f"{type(self.model).__name__} uses a sliding-window KV cache ({type(layer).__name__}); the "
-                    "serving engine batches full-attention caches only. Serve another LM.")
+        _check_full_attention(self.model, self.cache)
         return Prefilled(self.cache, len(self.ids), out.logits[:, -1, :].float())
+
+
+def _check_full_attention(model, cache: DynamicCache) -> None:
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise InvalidArgumentError(
+                f"{type(model).__name__} uses a sliding-window KV cache ({type(layer).__name__}); the "
+                "serving engine batches full-attention caches only. Serve another LM.")
+
+
+def _length_groups(rows_ids: list[list[int]]) -> list[list[int]]:
+    """Indices of ``rows_ids`` in groups of similar lengths, longest first: a group's padded size (rows × its longest
+    prompt) is at most twice its real tokens, so padding never costs more than the prompts themselves."""
+    order = sorted(range(len(rows_ids)), key=lambda i: -len(rows_ids[i]))
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            group = groups[-1]
+            longest, real = len(rows_ids[group[0]]), sum(len(rows_ids[j]) for j in group) + len(rows_ids[i])
+            if (len(group) + 1) * longest <= 2 * real:
+                group.append(i)
+                continue
+        groups.append([i])
+    return groups
 
 
 class LMBatch:
@@ -97,6 +118,40 @@ class LMBatch:
         """Run one prompt alone, in one forward (as ``steerkit.generate`` runs a batch of one): the same logits
         whatever else is running."""
         return PrefillJob(self.model, ids, len(ids)).run_chunk()
+
+    @torch.no_grad()
+    def prefill_many(self, rows_ids: list[list[int]]) -> list[Prefilled]:
+        """Several prompts that arrive together, each a :class:`Prefilled` row as :meth:`prefill` makes it, run in
+        left-padded forwards of similar lengths (at most as many padding tokens as real ones in each) instead of one
+        forward per prompt. A row's cache and logits equal its own prefill's up to the order of floating-point sums
+        (as a row's decode step in a batch does); its tokens are the same but where two candidates all but tie."""
+        out: list[Prefilled | None] = [None] * len(rows_ids)
+        for group in _length_groups(rows_ids):
+            if len(group) == 1:
+                out[group[0]] = self.prefill(rows_ids[group[0]])
+                continue
+            for i, row in zip(group, self._prefill_group([rows_ids[i] for i in group])):
+                out[i] = row
+        return out
+
+    def _prefill_group(self, rows_ids: list[list[int]]) -> list[Prefilled]:
+        width = max(len(ids) for ids in rows_ids)
+        input_ids = torch.tensor([[ids[0]] * (width - len(ids)) + list(ids) for ids in rows_ids], dtype=torch.long,
+                                 device=self.device)  # the padding (masked) repeats a real token: any id would do
+        lengths = torch.tensor([len(ids) for ids in rows_ids], device=self.device)
+        mask = (torch.arange(width, device=self.device)[None, :] >= (width - lengths)[:, None]).long()
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+        cache = DynamicCache(config=self.model.config)
+        logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                            logits_to_keep=1, **cache_kwargs(self.model, cache)).logits[:, -1, :].float()
+        _check_full_attention(self.model, cache)
+        rows = []
+        for b, ids in enumerate(rows_ids):
+            own = DynamicCache(config=self.model.config)
+            for i, layer in enumerate(cache.layers):
+                own.update(layer.keys[b:b + 1, :, width - len(ids):], layer.values[b:b + 1, :, width - len(ids):], i)
+            rows.append(Prefilled(own, len(ids), logits[b:b + 1]))
+        return rows
 
     def prefill_job(self, ids: list[int], chunk: int) -> "PrefillJob":
         """One prompt to run alone, ``chunk`` tokens per :meth:`PrefillJob.run_chunk` (the server's chunked prefill)."""

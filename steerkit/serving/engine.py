@@ -25,7 +25,8 @@ use it (:mod:`.reward_groups`), each row's choice with its own k, β, temperatur
 
 **Contract with** :func:`steerkit.generate`: a row with seed ``s`` draws what
 ``generate([prompt], lm=(lm, tokenizer), rewards=..., k=..., temperature=..., seed=s, max_new_tokens=...)``
-draws (``do_sample=False`` for temperature 0): the same prefill (each prompt runs alone), the same maths and
+draws (``do_sample=False`` for temperature 0): the same prefill (each prompt apart from the running rows; newcomers
+of one pass share padded forwards), the same maths and
 the same random stream. Its tokens are equal whenever batched float arithmetic gives the row the same logits
 and rewards as running alone (docs/serving.md, "Determinism": the measured drift and mismatch counts). The
 text differs in one way: a stop string ends the completion *before* the stop string (OpenAI), where
@@ -309,8 +310,8 @@ class Engine:
         return self._core.rows
 
     def _admit(self, rows: list[Row], prefilled: dict) -> None:
-        """Prefill each newcomer alone (unless ``prefilled`` has its prompt's run), start its reward sessions, and
-        join it to the batch."""
+        """Prefill the newcomers (together where they can share a forward; not those ``prefilled`` has run), start
+        their reward sessions, and join them to the batch."""
         failed = self._core.admit(rows, prefilled=prefilled)
         for row in rows:
             if row in failed and row not in self._core.rows:

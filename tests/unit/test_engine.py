@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 import steerkit
 from steerkit.errors import InvalidArgumentError, PromptTooLongError, ServerBusyError, ServerShuttingDownError
@@ -256,3 +257,94 @@ def test_an_lm_with_a_sliding_window_cache_is_refused_at_construction(tokenizer)
                               sliding_window=16, layer_types=["sliding_attention", "full_attention"])
     with pytest.raises(InvalidArgumentError, match="sliding-window KV cache"):
         Engine(Gemma3ForCausalLM(config), tokenizer, {})
+
+
+# -- newcomers that arrive together: padded prefills of similar lengths ------------------------------------------
+PROMPTS = ["The movie was", "I hate", "You are a wonderful friend and", "x", "Café déjà vu 🙂 and so on"]
+
+
+def test_prompts_arriving_together_are_prefilled_as_each_alone(lm, tokenizer):
+    """``prefill_many`` gives every prompt the cache (real columns only) and logits of its own prefill, up to the
+    order of floating-point sums; the groups' padding never exceeds their real tokens."""
+    from steerkit.engine.lm_cache import LMBatch, _length_groups
+
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    groups = _length_groups(ids)
+    assert sorted(i for g in groups for i in g) == list(range(len(ids)))
+    assert any(len(g) > 1 for g in groups)  # a shared forward is what is tested
+    for g in groups:
+        assert len(g) * max(len(ids[i]) for i in g) <= 2 * sum(len(ids[i]) for i in g)
+    batch = LMBatch(lm)
+    for x, got in zip(ids, batch.prefill_many(ids)):
+        alone = batch.prefill(x)
+        assert got.length == alone.length == len(x)
+        torch.testing.assert_close(got.logits, alone.logits, rtol=1e-5, atol=1e-5)
+        for a, b in zip(alone.cache.layers, got.cache.layers):
+            assert b.keys.shape == a.keys.shape
+            torch.testing.assert_close(b.keys, a.keys, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(b.values, a.values, rtol=1e-5, atol=1e-5)
+
+
+def test_lengths_far_apart_are_not_padded_together():
+    from steerkit.engine.lm_cache import _length_groups
+
+    assert _length_groups([[1] * 40, [1] * 39, [1] * 3]) == [[0, 1, 2]]  # padding 38 of 120 columns
+    assert _length_groups([[1] * 40, [1] * 2, [1] * 1]) == [[0, 1], [2]]  # a third row would pad 77 of 120
+
+
+def test_a_failing_shared_prefill_falls_back_to_each_row_alone(lm, tokenizer, reward, monkeypatch):
+    """If the shared forward fails, every newcomer is prefilled alone: only a row that fails alone fails, and the
+    others run to their tokens as generate gives them."""
+    from steerkit.engine.lm_cache import LMBatch
+
+    def broken(self, rows_ids):
+        raise RuntimeError("the shared forward broke")
+
+    real = LMBatch.prefill
+
+    def prefill(self, ids):
+        if ids == tokenizer("I hate", add_special_tokens=False)["input_ids"]:
+            raise RuntimeError("this prompt breaks the LM")
+        return real(self, ids)
+
+    monkeypatch.setattr(LMBatch, "prefill_many", broken)
+    monkeypatch.setattr(LMBatch, "prefill", prefill)
+    eng = Engine(lm, tokenizer, {"tiny": reward}, default_k=5, max_running=4, max_queue=8)
+    eng.start()
+    try:
+        specs = [RowSpec("The movie was", 6, seed=1, rewards={"tiny": 2.0}), RowSpec("I hate", 6, seed=2),
+                 RowSpec("You are", 6, seed=3)]
+        results = [h.result(timeout=TIMEOUT) for h in eng.submit_all(specs)]
+    finally:
+        eng.shutdown(0)
+    assert [r.finish.finish_reason for r in results] == ["length", "error", "length"]
+    monkeypatch.undo()
+    for spec, res in zip(specs, results):
+        if res.finish.finish_reason == "length":
+            assert res.token_ids == solo(lm, tokenizer, reward, spec)[0]
+
+
+def test_newcomers_arriving_together_share_a_prefill(lm, tokenizer, reward, monkeypatch):
+    """The server hands the newcomers of one pass to ``prefill_many`` (one call for all of them), and each still
+    gets what generate gives it alone."""
+    from steerkit.engine.lm_cache import LMBatch
+
+    calls = []
+    real = LMBatch.prefill_many
+
+    def spy(self, rows_ids):
+        calls.append(len(rows_ids))
+        return real(self, rows_ids)
+
+    monkeypatch.setattr(LMBatch, "prefill_many", spy)
+    eng = Engine(lm, tokenizer, {"tiny": reward}, default_k=5, max_running=4, max_queue=8)
+    specs = [RowSpec(p, 5, seed=i, rewards={"tiny": 1.5}) for i, p in enumerate(PROMPTS[:4])]
+    handles = eng.submit_all(specs)  # queued before the loop starts: one pass admits all four
+    eng.start()
+    try:
+        results = [h.result(timeout=TIMEOUT) for h in handles]
+    finally:
+        eng.shutdown(0)
+    assert calls == [4]
+    for spec, res in zip(specs, results):
+        assert res.token_ids == solo(lm, tokenizer, reward, spec)[0]
