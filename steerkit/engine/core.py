@@ -3,8 +3,8 @@
 Every surface decodes through :class:`EngineCore`: :func:`steerkit.generate` (rows that share their settings and
 one RNG, prefilled together; a finished row stays in the batch, fed padding, until the batch ends, exactly as
 transformers' ``generate`` does), and the HTTP server's continuous batching (rows with their own settings
-and generators, prefilled apart from the running rows, joining and leaving between steps). The batch, evaluation runs, Ray actors
-and distillation reach it through ``generate``.
+and generators, prefilled apart from the running rows, joining and leaving between steps). The batch, evaluation
+runs, Ray actors and distillation reach it through ``generate``.
 
 A step (:meth:`EngineCore.step`): the LM's next-token logits of every row, the RAD step of
 :mod:`steerkit.engine.step` (top-K, each reward scored only on the rows that use it, Σ β ρ, each row's k

@@ -74,8 +74,9 @@ BACKEND_OF = {BF16: "torch-bf16", BF16_COMPUTE: "torch-bf16-compute", INT8: "tor
 
 def as_reduced(model: nn.Module, precision: str = BF16) -> nn.Module:
     """``model`` itself when its weights are already converted for ``precision`` (what the ``torch-bf16``,
-    ``torch-bf16-compute`` and ``torch-int8`` backends load), else a converted copy of it, made once per model object and precision (the
-    model handed in keeps its float32 weights; changes to them afterwards are not seen by the copy)."""
+    ``torch-bf16-compute`` and ``torch-int8`` backends load), else a converted copy of it, made once per model object
+    and precision (the model handed in keeps its float32 weights; changes to them afterwards are not seen by the
+    copy)."""
     if getattr(model, MARK, None) == precision:
         return model
     return converted_copy(model, precision, lambda m: reduced_weights(copy.deepcopy(m), precision))

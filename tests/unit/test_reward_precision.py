@@ -385,7 +385,8 @@ def test_an_int8_linear_layer_is_the_rescaled_int32_product_of_int8_rows_and_col
     assert layer.weight.dtype == torch.int8 and layer.weight.abs().amax(1).eq(127).all()
     scale = x.abs().amax(-1, keepdim=True) / 127
     rows = torch.round(x / scale)
-    exact = (rows.double() @ layer.weight.double().t()) * scale.double() * layer.weight_scale.double() + layer.bias.detach()
+    exact = ((rows.double() @ layer.weight.double().t()) * scale.double() * layer.weight_scale.double()
+             + layer.bias.detach())
     got = layer(x).detach()
     assert got.shape == reference.shape and got.dtype == torch.float32
     assert torch.allclose(got.double(), exact, rtol=1e-5, atol=1e-5)
