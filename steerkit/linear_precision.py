@@ -28,6 +28,8 @@ BF16 = "bf16"
 BF16_COMPUTE = "bf16-compute"
 INT8 = "int8"
 
+_TINY = torch.finfo(torch.float32).tiny
+
 
 class Bf16Linear(nn.Linear):
     """An ``nn.Linear`` whose weight is stored in bfloat16 and upcast to the input's dtype for each matmul."""
@@ -69,11 +71,9 @@ def int8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tens
     return product.to(torch.float32).mul_(scale).mul_(weight_scale)
 
 
-_TINY = torch.finfo(torch.float32).tiny
-
-
-def _int8_weight(weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weight`` as int8 with a float32 max-abs scale along ``dim`` (the input dimension)."""
+def int8_weight(weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` as int8 with a float32 max-abs scale (/ 127, symmetric) per slice along ``dim``, the input
+    dimension: ``(int8 weight, scale)``. Also the LM's weight-only ``dtype="int8"`` (:mod:`steerkit.engine.lm_int8`)."""
     weight = weight.detach().float()
     scale = weight.abs().amax(dim).clamp_(min=_TINY).div_(127.0)
     return torch.round(weight / scale.unsqueeze(dim)).clamp_(-127, 127).to(torch.int8), scale
@@ -133,7 +133,7 @@ def convert_linears(root: nn.Module, precision: str = BF16) -> int:
         else:
             continue
         if precision == INT8:
-            weight, scale = _int8_weight(module.weight, in_dim)
+            weight, scale = int8_weight(module.weight, in_dim)
             module.weight = nn.Parameter(weight, requires_grad=False)
             module.register_buffer("weight_scale", scale)
         else:

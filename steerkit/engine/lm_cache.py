@@ -76,16 +76,15 @@ def _check_full_attention(model, cache: DynamicCache) -> None:
 def _length_groups(rows_ids: list[list[int]]) -> list[list[int]]:
     """Indices of ``rows_ids`` in groups of similar lengths, longest first: a group's padded size (rows × its longest
     prompt) is at most twice its real tokens, so padding never costs more than the prompts themselves."""
-    order = sorted(range(len(rows_ids)), key=lambda i: -len(rows_ids[i]))
     groups: list[list[int]] = []
-    for i in order:
-        if groups:
-            group = groups[-1]
-            longest, real = len(rows_ids[group[0]]), sum(len(rows_ids[j]) for j in group) + len(rows_ids[i])
-            if (len(group) + 1) * longest <= 2 * real:
-                group.append(i)
-                continue
-        groups.append([i])
+    real = 0  # the real tokens of the last group
+    for i in sorted(range(len(rows_ids)), key=lambda i: -len(rows_ids[i])):
+        if groups and (len(groups[-1]) + 1) * len(rows_ids[groups[-1][0]]) <= 2 * (real + len(rows_ids[i])):
+            groups[-1].append(i)
+            real += len(rows_ids[i])
+        else:
+            groups.append([i])
+            real = len(rows_ids[i])
     return groups
 
 
@@ -140,10 +139,7 @@ class LMBatch:
                                  device=self.device)  # the padding (masked) repeats a real token: any id would do
         lengths = torch.tensor([len(ids) for ids in rows_ids], device=self.device)
         mask = (torch.arange(width, device=self.device)[None, :] >= (width - lengths)[:, None]).long()
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-        cache = DynamicCache(config=self.model.config)
-        logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                            logits_to_keep=1, **cache_kwargs(self.model, cache)).logits[:, -1, :].float()
+        cache, _, logits = self._padded_forward(input_ids, mask)
         _check_full_attention(self.model, cache)
         rows = []
         for b, ids in enumerate(rows_ids):
@@ -164,13 +160,18 @@ class LMBatch:
         if self.size:
             raise RuntimeError("prefill_padded starts a batch: this one is running")
         enc = tokenizer.pad({"input_ids": rows_ids}, return_tensors="pt")
-        input_ids, mask = enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        mask = enc["attention_mask"].to(self.device)
+        self.cache, positions, self.logits = self._padded_forward(enc["input_ids"].to(self.device), mask)
+        self.mask, self.pos = mask, positions[:, -1] + 1
+
+    def _padded_forward(self, input_ids: torch.Tensor, mask: torch.Tensor):
+        """One forward of left-padded prompts (``mask`` [B, T]: 0 on padding) into a fresh cache, positions counting
+        each row's real tokens: ``(cache, positions, last-position logits [B, V] float32)``."""
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
         cache = DynamicCache(config=self.model.config)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                          use_cache=True, logits_to_keep=1, **cache_kwargs(self.model, cache))
-        self.cache, self.mask, self.pos = cache, mask, positions[:, -1] + 1
-        self.logits = out.logits[:, -1, :].float()
+        return cache, positions, out.logits[:, -1, :].float()
 
     def join(self, newcomers: list[Prefilled]) -> None:
         """Append prefilled rows after the running ones (left-padding every cache to the widest)."""

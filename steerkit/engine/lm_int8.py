@@ -28,16 +28,18 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..errors import ModelFormatError
+from ..linear_precision import int8_weight
 from ..model_copies import converted_copy
 
+
 class Int8Linear(nn.Module):
-    """A linear layer whose weight is int8 with a float32 scale per output row."""
+    """A linear layer whose weight is int8 with a float32 scale per output row (:func:`int8_weight`, the
+    quantization the ``torch-int8`` reward backend's layers use)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0
-        self.register_buffer("qweight", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        qweight, scale = int8_weight(linear.weight, 1)
+        self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
         self.in_features, self.out_features = linear.in_features, linear.out_features
