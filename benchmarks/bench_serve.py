@@ -15,6 +15,13 @@ benchmarks/results/bench_serve.json (machine load included). Run heavy work unde
     flock /tmp/steerkit-heavy.lock python benchmarks/bench_serve.py            # ~5 min on 2 busy CPU cores
     python benchmarks/bench_serve.py --requests 8 --max-tokens 16 --levels 1 4  # a quick look
     python benchmarks/bench_serve.py --engine llama.cpp --backend onnx-int8 --out benchmarks/results/bench_serve_llama_cpp.json
+    python benchmarks/bench_serve.py --levels 1 16 --setups float32/auto bfloat16/torch-int8 --rounds 3
+    python benchmarks/bench_serve.py --levels 16 --setups bfloat16/torch-int8@/tmp/old bfloat16/torch-int8 --rounds 4
+
+``--setups`` compares set-ups side by side: one server each, up together, every level run on each set-up in turn,
+``--rounds`` times in alternating order, so that the machine's drift falls on all of them; each round's tokens/s
+over the first set-up's are printed and written. A set-up ending in ``@TREE`` runs the steerkit of another checkout
+(a ``git worktree`` of an older revision): before/after of a change in one run.
 """
 
 from __future__ import annotations
@@ -122,6 +129,84 @@ async def run_level(url: str, bodies: list[dict], clients: int) -> dict:
             "finish_reasons": {f: sum(r["finish"] == f for r in results) for f in {r["finish"] for r in results}}}
 
 
+def parse_setup(text: str) -> dict:
+    """``DTYPE/BACKEND[+compile][@TREE]`` (as ``bench_engine_step.py --configs``): the server's ``--dtype``,
+    ``--backend`` and ``--compile``; ``TREE``: a steerkit checkout (e.g. ``git worktree add --detach /tmp/old REV``)
+    put first on the server's ``PYTHONPATH``, to compare revisions side by side."""
+    text_setup, _, tree = text.partition("@")
+    setup, _, compiled = text_setup.partition("+")
+    dtype, _, backend = setup.partition("/")
+    if compiled not in ("", "compile") or not dtype or (tree and not (Path(tree) / "steerkit").is_dir()):
+        raise SystemExit(f"--setups: {text!r} is not DTYPE/BACKEND[+compile][@TREE] (TREE a steerkit checkout), "
+                         "e.g. bfloat16/torch-int8 or float32/auto@/tmp/old")
+    return {"name": text, "dtype": dtype, "backend": backend or "auto", "compile": compiled == "compile",
+            "tree": str(Path(tree).resolve()) if tree else None}
+
+
+class Server:
+    """One ``steerkit serve`` process of a set-up, on a port of its own, healthy and warmed up; :meth:`stop` ends it."""
+
+    def __init__(self, args, setup: dict, max_running: int):
+        self.setup = setup
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "STEERKIT_PLUGINS": "toxicity"}
+        if setup.get("tree"):
+            env["PYTHONPATH"] = os.pathsep.join([setup["tree"]] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+        self.cmd = [sys.executable, "-m", "steerkit", "serve", "--lm", "smollm2-135m-instruct", "--port", str(port),
+                    "--max-running", str(max_running), "--max-queue", str(max(64, args.requests)), "--timeout", "0",
+                    "--log-level", "warning", "--engine", args.engine, "--backend", setup["backend"]] + (
+                        ["--compile"] if setup["compile"] else []) + ["--dtype", setup["dtype"]]
+        self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nothing the server prints can block it
+        self.process = subprocess.Popen(self.cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
+        self.compiled: list[str] = []
+
+    def wait_healthy(self, bodies: list[dict]) -> None:
+        deadline = time.monotonic() + (1800 if self.setup["compile"] else 180)  # compiling each row bucket: ~1 min
+        while True:
+            if self.process.poll() is not None:
+                self.log.seek(0)
+                raise SystemExit(f"the server exited: {self.log.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the server did not become healthy in time")
+            time.sleep(0.5)
+        asyncio.run(run_level(self.url, bodies[:2], 2))  # warm-up: first forwards, allocator
+
+    def level(self, bodies: list[dict], clients: int) -> dict:
+        before = scrape(self.url)
+        level = asyncio.run(run_level(self.url, bodies, clients))
+        after = scrape(self.url)
+        steps = after["steerkit_step_seconds_count"] - before["steerkit_step_seconds_count"]
+        level["server_steps"] = int(steps)
+        level["server_step_s_mean"] = (after["steerkit_step_seconds_sum"] -
+                                       before["steerkit_step_seconds_sum"]) / max(steps, 1)
+        level["rows_per_step_mean"] = (after["steerkit_tokens_generated_total"] -
+                                       before["steerkit_tokens_generated_total"]) / max(steps, 1)
+        return level
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.seek(0)
+        self.compiled = [line.strip() for line in self.log if line.startswith("steerkit: compiled in")]
+        self.log.close()
+
+
+def show(level: dict, name: str = "") -> None:
+    print(f"{name}{level['clients']:>3} clients: {level['tokens_per_s']:6.1f} tok/s  wall {level['wall_s']:6.1f} s  "
+          f"TTFT p50 {level['ttft_s']['p50']:.2f} s p95 {level['ttft_s']['p95']:.2f} s  per-token p50 "
+          f"{level['per_token_s']['p50'] * 1000:.0f} ms p95 {level['per_token_s']['p95'] * 1000:.0f} ms  "
+          f"rows/step {level['rows_per_step_mean']:.1f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=32, help="requests per level (the same set at each level)")
@@ -134,79 +219,80 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="steerkit serve --compile (the static-shape step; "
                         "the server compiles its row buckets before it answers /health)")
     parser.add_argument("--dtype", default="float32", help="steerkit serve --dtype: float32, bfloat16 or int8")
+    parser.add_argument("--setups", nargs="+", metavar="DTYPE/BACKEND[+compile]",
+                        help="several set-ups compared side by side: one server each, up together (idle but for the "
+                        "one measured), each level run on every set-up in turn, --rounds times, the order reversed "
+                        "every round; prints each round's tokens/s over the first set-up's (overrides --dtype, "
+                        "--backend and --compile)")
+    parser.add_argument("--rounds", type=int, default=1, help="with --setups: rounds over the set-ups")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_serve.json")
     args = parser.parse_args()
+    setups = [parse_setup(text) for text in args.setups] if args.setups else [
+        {"name": f"{args.dtype}/{args.backend}" + ("+compile" if args.compile else ""), "dtype": args.dtype,
+         "backend": args.backend, "compile": args.compile, "tree": None}]
+    bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens, "temperature": 1.0,
+               "seed": i, "k": args.k, "rewards": {"toxicity": args.beta}, "stream": True}
+              for i in range(args.requests)]
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    max_running = max(args.levels)
-    env = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "STEERKIT_PLUGINS": "toxicity"}
-    cmd = [sys.executable, "-m", "steerkit", "serve", "--lm", "smollm2-135m-instruct", "--port", str(port),
-           "--max-running", str(max_running), "--max-queue", str(max(64, args.requests)), "--timeout", "0",
-           "--log-level", "warning", "--engine", args.engine, "--backend", args.backend] + (
-               ["--compile", "--dtype", args.dtype] if args.compile else ["--dtype", args.dtype])
     load_before = os.getloadavg()
-    log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nothing the server prints can block it
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+    servers: list[Server] = []
+    runs: dict[str, list[list[dict]]] = {setup["name"]: [] for setup in setups}  # per set-up, per round: its levels
     try:
-        deadline = time.monotonic() + (1800 if args.compile else 180)  # compiling each row bucket: ~1 min cold
-        while True:
-            if server.poll() is not None:
-                log.seek(0)
-                raise SystemExit(f"the server exited: {log.read()}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the server did not become healthy in time")
-            time.sleep(0.5)
-        bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens, "temperature": 1.0,
-                   "seed": i, "k": args.k, "rewards": {"toxicity": args.beta}, "stream": True}
-                  for i in range(args.requests)]
-        asyncio.run(run_level(url, bodies[:2], 2))  # warm-up: first forwards, allocator
-        levels = []
-        for clients in args.levels:
-            before = scrape(url)
-            level = asyncio.run(run_level(url, bodies, clients))
-            after = scrape(url)
-            steps = after["steerkit_step_seconds_count"] - before["steerkit_step_seconds_count"]
-            level["server_steps"] = int(steps)
-            level["server_step_s_mean"] = (after["steerkit_step_seconds_sum"] -
-                                           before["steerkit_step_seconds_sum"]) / max(steps, 1)
-            level["rows_per_step_mean"] = (after["steerkit_tokens_generated_total"] -
-                                           before["steerkit_tokens_generated_total"]) / max(steps, 1)
-            levels.append(level)
-            print(f"{clients:>3} clients: {level['tokens_per_s']:6.1f} tok/s  wall {level['wall_s']:6.1f} s  "
-                  f"TTFT p50 {level['ttft_s']['p50']:.2f} s p95 {level['ttft_s']['p95']:.2f} s  per-token p50 "
-                  f"{level['per_token_s']['p50'] * 1000:.0f} ms p95 {level['per_token_s']['p95'] * 1000:.0f} ms  "
-                  f"rows/step {level['rows_per_step_mean']:.1f}", flush=True)
+        for setup in setups:
+            servers.append(Server(args, setup, max(args.levels)))
+        for server in servers:
+            server.wait_healthy(bodies)
+        for r in range(args.rounds):
+            order = servers if r % 2 == 0 else servers[::-1]
+            for server in order:
+                levels = []
+                for clients in args.levels:
+                    level = server.level(bodies, clients)
+                    level["load_average"] = os.getloadavg()
+                    levels.append(level)
+                    show(level, f"round {r + 1} {server.setup['name']}: " if len(setups) > 1 else "")
+                runs[server.setup["name"]].append(levels)
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.seek(0)
-        compiled = [line.strip() for line in log if line.startswith("steerkit: compiled in")]
-        log.close()
-    base = next((lv for lv in levels if lv["clients"] == 1), None)
-    for level in levels:
-        level["speedup_vs_sequential"] = level["tokens_per_s"] / base["tokens_per_s"] if base else None
-    result = {"benchmark": "bench_serve", "lm": "smollm2-135m-instruct", "reward": "toxicity", "beta": args.beta,
-              "k": args.k, "max_tokens": args.max_tokens, "requests_per_level": args.requests,
-              "server": " ".join(cmd[2:]), "torch_threads": 1, "machine": platform.processor() or platform.machine(),
-              "cpus": os.cpu_count(), "load_average_before": load_before, "load_average_after": os.getloadavg(),
-              "sequential_is": "the 1-client level: the same requests sent one after another",
-              "compilations_at_start": compiled, "levels": levels}
+        for server in servers:
+            server.stop()
+    for rounds in runs.values():
+        for levels in rounds:
+            base = next((lv for lv in levels if lv["clients"] == 1), None)
+            for level in levels:
+                level["speedup_vs_sequential"] = level["tokens_per_s"] / base["tokens_per_s"] if base else None
+    common = {"benchmark": "bench_serve", "lm": "smollm2-135m-instruct", "reward": "toxicity", "beta": args.beta,
+              "k": args.k, "max_tokens": args.max_tokens, "requests_per_level": args.requests, "torch_threads": 1,
+              "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+              "load_average_before": load_before, "load_average_after": os.getloadavg(),
+              "sequential_is": "the 1-client level: the same requests sent one after another"}
+    if args.setups:
+        first = setups[0]["name"]
+        ratios = {setup["name"]: {str(c): [levels[i]["tokens_per_s"] / runs[first][r][i]["tokens_per_s"]
+                                           for r, levels in enumerate(runs[setup["name"]])]
+                                  for i, c in enumerate(args.levels)} for setup in setups}
+        result = {**common, "rounds": args.rounds, "ratios_are": f"tokens/s over {first}'s in the same round",
+                  "setups": [{"setup": server.setup["name"], "server": " ".join(server.cmd[2:]),
+                              "steerkit_tree": server.setup["tree"],
+                              "compilations_at_start": server.compiled, "rounds": runs[server.setup["name"]],
+                              "tokens_per_s_over_first": ratios[server.setup["name"]]} for server in servers]}
+    else:
+        server = servers[0]
+        result = {**common, "server": " ".join(server.cmd[2:]), "compilations_at_start": server.compiled,
+                  "levels": runs[server.setup["name"]][0]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     tmp.replace(args.out)
     print(f"wrote {args.out}")
-    for level in levels:
-        print(f"{level['clients']:>3} clients: {level['speedup_vs_sequential']:.2f}x the sequential tokens/s")
+    for name, rounds in runs.items():
+        for r, levels in enumerate(rounds):
+            for level in levels:
+                line = f"{level['clients']:>3} clients: {level['speedup_vs_sequential']:.2f}x the sequential tokens/s"
+                if args.setups:
+                    ratio = level["tokens_per_s"] / runs[setups[0]["name"]][r][args.levels.index(level["clients"])][
+                        "tokens_per_s"]
+                    line = f"{name} round {r + 1}: {line}, {ratio:.2f}x {setups[0]['name']}'s"
+                print(line)
 
 
 if __name__ == "__main__":

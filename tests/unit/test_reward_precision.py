@@ -391,3 +391,72 @@ def test_an_int8_linear_layer_is_the_rescaled_int32_product_of_int8_rows_and_col
     assert got.shape == reference.shape and got.dtype == torch.float32
     assert torch.allclose(got.double(), exact, rtol=1e-5, atol=1e-5)
     assert 0 < float((got - reference).abs().max() / reference.abs().max()) < 0.01
+
+
+def _bf16_packing_here() -> bool:
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=torch.bfloat16), 16)
+        return True
+    except (RuntimeError, AttributeError):
+        return False
+
+
+@pytest.mark.skipif(not _bf16_packing_here(), reason="this CPU's oneDNN has no bf16 products (needs AVX512_BF16, "
+                    "AVX512BW or AVX-NE-CONVERT): the bf16 layers multiply through F.linear, tested above")
+def test_a_bf16_product_through_the_packed_weight_is_bitwise_the_plain_product():
+    """The bf16-compute layers (the LM's ``dtype="bfloat16"``, ``torch-bf16-compute``) multiply through a oneDNN-packed
+    copy of the weight on the CPU: bitwise what ``F.linear`` / ``torch.mm`` give (so the speed-up changes no token),
+    for any row count, made once per layer, made again when the weight is written in place, and left alone by
+    autograd (which takes the plain product)."""
+    from torch.nn import functional as F
+    from transformers.pytorch_utils import Conv1D
+
+    from steerkit.linear_precision import _PACKED, convert_linears
+
+    torch.manual_seed(0)
+    linear, conv = torch.nn.Linear(96, 160), Conv1D(160, 96)
+    assert convert_linears(linear, BF16_COMPUTE) == 1 and convert_linears(conv, BF16_COMPUTE) == 1
+    for rows in (1, 3, 16, 41):
+        x = torch.randn(2, rows, 96)
+        with torch.no_grad():
+            got, got_conv = linear(x), conv(x)
+        x2 = x.reshape(-1, 96).to(torch.bfloat16)
+        assert torch.equal(got, (F.linear(x2, linear.weight).float() + linear.bias).view(2, rows, 160))
+        assert torch.equal(got_conv, (torch.mm(x2, conv.weight).float() + conv.bias).view(2, rows, 160))
+    packed = _PACKED[linear][1]
+    assert packed is not None and packed.is_mkldnn
+    with torch.no_grad():
+        linear(x)
+        assert _PACKED[linear][1] is packed  # packed once
+        linear.weight.mul_(-2)
+        got = linear(x)
+    assert _PACKED[linear][1] is not packed
+    assert torch.equal(got, (F.linear(x2, linear.weight).float() + linear.bias).view(2, rows, 160))
+    x = torch.randn(4, 96, requires_grad=True)
+    linear(x).sum().backward()
+    assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_a_cpu_without_bf16_products_multiplies_through_the_plain_weight(monkeypatch):
+    """Where oneDNN cannot pack a bf16 weight (an AVX2-only CPU raises), the layer multiplies as ``F.linear`` does, and
+    does not try to pack again on every call."""
+    from torch.nn import functional as F
+
+    from steerkit.linear_precision import _PACKED, convert_linears
+
+    calls = []
+
+    def refuse(weight, rows):
+        calls.append(rows)
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
+    torch.manual_seed(1)
+    layer = torch.nn.Linear(32, 8)
+    convert_linears(layer, BF16_COMPUTE)
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        first, second = layer(x), layer(x)
+    expected = F.linear(x.to(torch.bfloat16), layer.weight).float() + layer.bias
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+    assert calls == [16] and _PACKED[layer][1] is None
