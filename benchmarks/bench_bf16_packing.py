@@ -19,10 +19,14 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine_step import StepTimes  # noqa: E402 (this folder's engine observer: full-batch step times)
 
 PROMPTS = ["The weather today is", "My favourite food is", "Tell me about the sea.", "The city at night"]
 
@@ -40,21 +44,6 @@ def lm_steps(model, tokenizer, rows: int, steps: int) -> tuple[float, torch.Tens
         times.append(time.perf_counter() - start)
         tokens = batch.logits.argmax(-1)
     return 1000 * statistics.median(times), batch.logits
-
-
-class StepTimes:
-    def __init__(self, rows: int):
-        self.rows, self.seconds = rows, []
-
-    def on_step(self, seconds: float, running: int, queued: int) -> None:
-        if running == self.rows:
-            self.seconds.append(seconds)
-
-    def on_reward(self, name: str, seconds: float) -> None:
-        pass
-
-    def on_tokens(self, count: int) -> None:
-        pass
 
 
 def engine_steps(model, tokenizer, reward, rows: int, tokens: int) -> tuple[float, list]:
