@@ -54,8 +54,8 @@ def packed_bf16_product(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor)
 
     ``F.linear`` hands oneDNN the plain weight and it is reordered on every call: on the CPU this was measured on
     (AVX512_BF16), SmolLM2's bf16 decode step took 1.2-1.4x as long at 16 rows and 1.3-1.7x at one row, with
-    bitwise the same logits (docs/performance.md, "Packed bf16 weights"). The packed copy doubles the layer's
-    weight memory; it is made again when the weight changes (a new tensor, or an in-place write)."""
+    bitwise the same logits (docs/performance.md, "Packed bf16 weights"). The packed copy is a second copy of the
+    layer's weight; it is made again when the weight changes (a new tensor, or an in-place write)."""
     if x.device.type != "cpu" or torch.compiler.is_compiling() or (
             torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return None
