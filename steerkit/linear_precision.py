@@ -40,36 +40,36 @@ class Bf16Linear(nn.Linear):
         return F.linear(x, self.weight.to(x.dtype), bias)
 
 
-#: each bf16-compute layer's weight in oneDNN's packed layout, made on its first CPU product: ``{layer: (key of the
-#: weight it was packed from, packed weight or None where oneDNN cannot pack bf16)}``. Kept beside the layer, not in
-#: it, so that copying, pickling or saving a layer never meets oneDNN's opaque tensor.
+#: each bf16-compute layer's weight in oneDNN's packed layout, made on its first CPU product: ``{layer: (the weight
+#: tensor it was packed from, that weight's version, packed weight or None where oneDNN cannot pack bf16)}``. Kept
+#: beside the layer, not in it, so that copying, pickling or saving a layer never meets oneDNN's opaque tensor.
 _PACKED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
-def packed_bf16_product(layer: nn.Module, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-    """``x`` [M, K] times ``weight`` [N, K] (both bfloat16; ``weight`` is ``layer``'s) as [M, N] bfloat16, through a
-    copy of the weight packed once in oneDNN's blocked layout; None where that does not apply (not on the CPU,
-    under ``torch.compile``, with autograd recording, or a CPU whose oneDNN lacks bf16 products: AVX512_BF16,
-    AVX512BW or AVX-NE-CONVERT), and the caller multiplies as before.
+def packed_bf16_product(layer: nn.Module, x: torch.Tensor, transposed: bool = False) -> torch.Tensor | None:
+    """``x`` [M, K] (bfloat16) times ``layer.weight`` (bfloat16; [N, K], or [K, N] where ``transposed``: GPT-2's
+    ``Conv1D``) as [M, N] bfloat16, through a copy of the weight packed once in oneDNN's blocked layout; None where that
+    does not apply (not on the CPU, under ``torch.compile``, with autograd recording, or a CPU whose oneDNN lacks bf16
+    products: AVX512_BF16, AVX512BW or AVX-NE-CONVERT), and the caller multiplies as before.
 
     ``F.linear`` hands oneDNN the plain weight and it is reordered on every call: on the CPU this was measured on
-    (AVX512_BF16), SmolLM2's bf16 decode step took 1.2-1.4x as long at 16 rows and 1.3-1.7x at one row, with
+    (AVX512_BF16), SmolLM2's bf16 decode step took 1.37x as long at 16 rows and 1.41x at one row (medians), with
     bitwise the same logits (docs/performance.md, "Packed bf16 weights"). The packed copy is a second copy of the
-    layer's weight; it is made again when the weight changes (a new tensor, or an in-place write)."""
+    layer's weight; it is made again when the weight changes (another tensor, or an in-place write)."""
+    weight = layer.weight
     if x.device.type != "cpu" or torch.compiler.is_compiling() or (
             torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return None
-    key = (weight.data_ptr(), weight._version, tuple(weight.shape))
     cached = _PACKED.get(layer)
-    if cached is None or cached[0] != key:
-        try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 16)  # 16: a row-count hint only
+    if cached is None or cached[0] is not weight or cached[1] != weight._version:
+        try:  # 16: a row-count hint only; any number of rows multiplies
+            packed = torch.ops.mkldnn._reorder_linear_weight((weight.t() if transposed else weight).contiguous(), 16)
         except (RuntimeError, AttributeError):  # no bf16 oneDNN here (e.g. AVX2 only), or a torch without the op
             packed = None
-        cached = _PACKED[layer] = (key, packed)
-    if cached[1] is None:
+        cached = _PACKED[layer] = (weight, weight._version, packed)
+    if cached[2] is None:
         return None
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), cached[1], None, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), cached[2], None, "none", [], "")
 
 
 class Bf16MatmulLinear(nn.Linear):
@@ -81,7 +81,7 @@ class Bf16MatmulLinear(nn.Linear):
         # as a 2-D product: a strided 3-D bf16 input (transformers' logits_to_keep slice) would send F.linear down
         # a batched path that copies the whole weight per call (38 ms for SmolLM2's output head)
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        y = packed_bf16_product(self, x2, self.weight)
+        y = packed_bf16_product(self, x2)
         y = (F.linear(x2, self.weight) if y is None else y).to(x.dtype)
         y = y.view(*x.shape[:-1], y.shape[-1])
         return y if self.bias is None else y + self.bias.to(x.dtype)
@@ -138,7 +138,7 @@ def _conv1d_classes():
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             size_out = x.size()[:-1] + (self.nf,)
             x2 = x.reshape(-1, x.size(-1)).to(torch.bfloat16)
-            y = packed_bf16_product(self, x2, self.weight.t())
+            y = packed_bf16_product(self, x2, transposed=True)
             y = torch.mm(x2, self.weight) if y is None else y
             return (y.to(x.dtype) + self.bias.to(x.dtype)).view(size_out)
 

@@ -406,8 +406,8 @@ def _bf16_packing_here() -> bool:
 def test_a_bf16_product_through_the_packed_weight_is_bitwise_the_plain_product():
     """The bf16-compute layers (the LM's ``dtype="bfloat16"``, ``torch-bf16-compute``) multiply through a oneDNN-packed
     copy of the weight on the CPU: bitwise what ``F.linear`` / ``torch.mm`` give (so the speed-up changes no token),
-    for any row count, made once per layer, made again when the weight is written in place, and left alone by
-    autograd (which takes the plain product)."""
+    for any row count, made once per layer, made again when the weight is written in place or replaced, and left
+    alone by autograd (which takes the plain product)."""
     from torch.nn import functional as F
     from transformers.pytorch_utils import Conv1D
 
@@ -423,14 +423,19 @@ def test_a_bf16_product_through_the_packed_weight_is_bitwise_the_plain_product()
         x2 = x.reshape(-1, 96).to(torch.bfloat16)
         assert torch.equal(got, (F.linear(x2, linear.weight).float() + linear.bias).view(2, rows, 160))
         assert torch.equal(got_conv, (torch.mm(x2, conv.weight).float() + conv.bias).view(2, rows, 160))
-    packed = _PACKED[linear][1]
+    packed = _PACKED[linear][2]
     assert packed is not None and packed.is_mkldnn
     with torch.no_grad():
         linear(x)
-        assert _PACKED[linear][1] is packed  # packed once
+        assert _PACKED[linear][2] is packed  # packed once
         linear.weight.mul_(-2)
         got = linear(x)
-    assert _PACKED[linear][1] is not packed
+    assert _PACKED[linear][2] is not packed
+    assert torch.equal(got, (F.linear(x2, linear.weight).float() + linear.bias).view(2, rows, 160))
+    linear.weight = torch.nn.Parameter(torch.randn(160, 96).to(torch.bfloat16), requires_grad=False)  # another tensor
+    with torch.no_grad():
+        got = linear(x)
+    assert _PACKED[linear][0] is linear.weight
     assert torch.equal(got, (F.linear(x2, linear.weight).float() + linear.bias).view(2, rows, 160))
     x = torch.randn(4, 96, requires_grad=True)
     linear(x).sum().backward()
@@ -459,4 +464,4 @@ def test_a_cpu_without_bf16_products_multiplies_through_the_plain_weight(monkeyp
         first, second = layer(x), layer(x)
     expected = F.linear(x.to(torch.bfloat16), layer.weight).float() + layer.bias
     assert torch.equal(first, expected) and torch.equal(second, expected)
-    assert calls == [16] and _PACKED[layer][1] is None
+    assert calls == [16] and _PACKED[layer][2] is None
