@@ -178,8 +178,22 @@ def failing_reward(rm, name: str = "boom", after: int = 2) -> WrappedReward:
     return Failing(RewardModelScorer(rm), name, None)
 
 
-def slow_reward(rm, name: str = "slow", seconds: float = 0.05) -> WrappedReward:
-    return WrappedReward(RewardModelScorer(rm), name, lambda: time.sleep(seconds))
+def slow_reward(rm, name: str = "slow", seconds: float = 0.05, fast: int = 0) -> WrappedReward:
+    """Its sessions sleep ``seconds`` before every ``score`` but their first ``fast`` ones (each session counts its
+    own): a request that makes ``fast`` tokens at once and then slows down, whatever the machine's speed."""
+
+    class Slow(WrappedReward):
+        def start(self, prefixes, lm_tokenizer):
+            calls = {"n": 0}
+
+            def before():
+                calls["n"] += 1
+                if calls["n"] > fast:
+                    time.sleep(seconds)
+
+            return WrappedSession(self.inner.start(prefixes, lm_tokenizer), before)
+
+    return Slow(RewardModelScorer(rm), name, None)
 
 
 def start_serve(args, port: int, env: dict | None = None) -> subprocess.Popen:
