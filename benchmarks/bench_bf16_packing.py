@@ -26,9 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine_step import StepTimes  # noqa: E402 (this folder's engine observer: full-batch step times)
-
-PROMPTS = ["The weather today is", "My favourite food is", "Tell me about the sea.", "The city at night"]
+from bench_engine_step import PROMPTS, engine_run  # noqa: E402 (this folder's 16-row engine measurement)
 
 
 def lm_steps(model, tokenizer, rows: int, steps: int) -> tuple[float, torch.Tensor]:
@@ -44,24 +42,6 @@ def lm_steps(model, tokenizer, rows: int, steps: int) -> tuple[float, torch.Tens
         times.append(time.perf_counter() - start)
         tokens = batch.logits.argmax(-1)
     return 1000 * statistics.median(times), batch.logits
-
-
-def engine_steps(model, tokenizer, reward, rows: int, tokens: int) -> tuple[float, list]:
-    """Median ms of a 16-row steered step (every row running), and every row's tokens."""
-    from steerkit.serving.engine import Engine
-    from steerkit.serving.requests import RowSpec
-
-    times = StepTimes(rows)
-    engine = Engine(model, tokenizer, {"toxicity": reward}, default_k=20, max_running=rows, max_queue=rows,
-                    observer=times)
-    specs = [RowSpec(PROMPTS[i % len(PROMPTS)], tokens, temperature=1.0, k=20, rewards={"toxicity": -5.0 - i % 3},
-                     seed=1000 + i) for i in range(rows)]
-    engine.start()
-    try:
-        out = [h.result(timeout=1800).token_ids for h in engine.submit_all(specs)]
-    finally:
-        engine.shutdown(0)
-    return 1000 * statistics.median(times.seconds), out
 
 
 def main() -> None:
@@ -110,7 +90,12 @@ def main() -> None:
     with torch.no_grad():
         for rows in (1, 16):
             alternate(f"lm_alone_{rows}_rows", lambda rows=rows: lm_steps(model, tokenizer, rows, args.steps))
-    alternate("engine_step_16_rows", lambda: engine_steps(model, tokenizer, reward, 16, 24))
+
+    def engine_step() -> tuple[float, list]:
+        seconds, out = engine_run(model, tokenizer, reward, rows=16, tokens=24, k=20)
+        return 1000 * statistics.median(seconds), out
+
+    alternate("engine_step_16_rows", engine_step)
     result = {"benchmark": "bench_bf16_packing", "lm": "smollm2-135m-instruct", "dtype": "bfloat16",
               "reward_backend": args.backend, "rounds": args.rounds, "torch_threads": 1, "torch": torch.__version__,
               "machine": platform.processor() or platform.machine(), "load_average_before": load_before,

@@ -43,25 +43,36 @@ class StepTimes:
         pass
 
 
-def run(lm, tokenizer, reward, args, dtype: str, compile: bool) -> tuple[list[float], int]:
-    """Step times (s) with every row running, and the tokens generated, for one set-up."""
-    from steerkit.assembly import lm_runner
+PROMPTS = ["The weather today is", "My favourite food is", "Tell me about the sea.", "The city at night"]
+
+
+def engine_run(model, tokenizer, reward, rows: int, tokens: int, k: int) -> tuple[list[float], list[list[int]]]:
+    """``rows`` seeded rows (different seeds and β) of ``tokens`` tokens through an engine running ``model`` (an LM as
+    :func:`steerkit.assembly.lm_runner` makes it) with ``reward`` as ``toxicity``: the step times (s) while all rows
+    ran, and each row's tokens."""
     from steerkit.serving.engine import Engine
     from steerkit.serving.requests import RowSpec
 
-    times = StepTimes(args.rows)
-    engine = Engine(lm_runner(lm, compile=compile, dtype=dtype), tokenizer, {"toxicity": reward}, default_k=args.k,
-                    max_running=args.rows, max_queue=args.rows, observer=times)
-    prompts = ["The weather today is", "My favourite food is", "Tell me about the sea.", "The city at night"]
-    specs = [RowSpec(prompts[i % len(prompts)], args.tokens, temperature=1.0, k=args.k,
-                     rewards={"toxicity": -5.0 - i % 3}, seed=1000 + i) for i in range(args.rows)]
+    times = StepTimes(rows)
+    engine = Engine(model, tokenizer, {"toxicity": reward}, default_k=k, max_running=rows, max_queue=rows,
+                    observer=times)
+    specs = [RowSpec(PROMPTS[i % len(PROMPTS)], tokens, temperature=1.0, k=k, rewards={"toxicity": -5.0 - i % 3},
+                     seed=1000 + i) for i in range(rows)]
     engine.start()
     try:
-        handles = engine.submit_all(specs)
-        tokens = sum(len(h.result(timeout=1800).token_ids) for h in handles)
+        out = [h.result(timeout=1800).token_ids for h in engine.submit_all(specs)]
     finally:
         engine.shutdown(0)
-    return times.seconds, tokens
+    return times.seconds, out
+
+
+def run(lm, tokenizer, reward, args, dtype: str, compile: bool) -> tuple[list[float], int]:
+    """Step times (s) with every row running, and the tokens generated, for one set-up."""
+    from steerkit.assembly import lm_runner
+
+    seconds, out = engine_run(lm_runner(lm, compile=compile, dtype=dtype), tokenizer, reward, args.rows, args.tokens,
+                              args.k)
+    return seconds, sum(len(ids) for ids in out)
 
 
 def main() -> None:

@@ -287,12 +287,13 @@ def main() -> None:
     for name, rounds in runs.items():
         for r, levels in enumerate(rounds):
             for level in levels:
-                line = f"{level['clients']:>3} clients: {level['speedup_vs_sequential']:.2f}x the sequential tokens/s"
+                parts = [] if level["speedup_vs_sequential"] is None else [
+                    f"{level['speedup_vs_sequential']:.2f}x the sequential tokens/s"]
                 if args.setups:
-                    ratio = level["tokens_per_s"] / runs[setups[0]["name"]][r][args.levels.index(level["clients"])][
-                        "tokens_per_s"]
-                    line = f"{name} round {r + 1}: {line}, {ratio:.2f}x {setups[0]['name']}'s"
-                print(line)
+                    parts.append(f"{ratios[name][str(level['clients'])][r]:.2f}x {setups[0]['name']}'s")
+                    print(f"{name} round {r + 1}: {level['clients']:>3} clients: {', '.join(parts)}")
+                elif parts:
+                    print(f"{level['clients']:>3} clients: {parts[0]}")
 
 
 if __name__ == "__main__":

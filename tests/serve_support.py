@@ -161,39 +161,41 @@ class WrappedSession:
         return getattr(self.inner, attr)
 
 
-def failing_reward(rm, name: str = "boom", after: int = 2) -> WrappedReward:
-    """Its sessions raise RuntimeError from their ``after``-th ``score`` on (each new session starts afresh)."""
+def counting_reward(rm, name: str, before) -> WrappedReward:
+    """A real reward whose sessions call ``before(n)`` before their ``n``-th ``score`` (each session counts from 1)."""
 
-    class Failing(WrappedReward):
+    class Counting(WrappedReward):
         def start(self, prefixes, lm_tokenizer):
             calls = {"n": 0}
 
-            def before():
+            def count():
                 calls["n"] += 1
-                if calls["n"] >= after:
-                    raise RuntimeError(f"{name} reward failed on purpose")
+                before(calls["n"])
 
-            return WrappedSession(self.inner.start(prefixes, lm_tokenizer), before)
+            return WrappedSession(self.inner.start(prefixes, lm_tokenizer), count)
 
-    return Failing(RewardModelScorer(rm), name, None)
+    return Counting(RewardModelScorer(rm), name, None)
+
+
+def failing_reward(rm, name: str = "boom", after: int = 2) -> WrappedReward:
+    """Its sessions raise RuntimeError from their ``after``-th ``score`` on (each new session starts afresh)."""
+
+    def before(n: int) -> None:
+        if n >= after:
+            raise RuntimeError(f"{name} reward failed on purpose")
+
+    return counting_reward(rm, name, before)
 
 
 def slow_reward(rm, name: str = "slow", seconds: float = 0.05, fast: int = 0) -> WrappedReward:
     """Its sessions sleep ``seconds`` before every ``score`` but their first ``fast`` ones (each session counts its
     own): a request that makes ``fast`` tokens at once and then slows down, whatever the machine's speed."""
 
-    class Slow(WrappedReward):
-        def start(self, prefixes, lm_tokenizer):
-            calls = {"n": 0}
+    def before(n: int) -> None:
+        if n > fast:
+            time.sleep(seconds)
 
-            def before():
-                calls["n"] += 1
-                if calls["n"] > fast:
-                    time.sleep(seconds)
-
-            return WrappedSession(self.inner.start(prefixes, lm_tokenizer), before)
-
-    return Slow(RewardModelScorer(rm), name, None)
+    return counting_reward(rm, name, before)
 
 
 def start_serve(args, port: int, env: dict | None = None) -> subprocess.Popen:
