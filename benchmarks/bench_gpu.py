@@ -1,6 +1,8 @@
-"""RAD throughput on a GPU (issue 25): steerkit's eager engine against its compiled static-shape step (CUDA graphs
-through ``torch.compile(mode="reduce-overhead")``), side by side in one run. ``--device cpu --static-rewards`` compares
-the rewards' compiled sessions with their eager ones on a CPU, where ``compile=True`` does not use them.
+"""RAD throughput on a GPU (issue 25): steerkit's eager engine against its compiled static-shape step (inductor's
+kernels in CUDA graphs that ``steerkit.compiling`` captures per shape; ``--cuda-graphs manual trees`` also runs the
+step as ``torch.compile(mode="reduce-overhead")``, whose graph trees check every call), side by side in one run.
+``--device cpu --static-rewards`` compares the rewards' compiled sessions with their eager ones on a CPU, where
+``compile=True`` does not use them.
 
 Rows: 1 and 25 prompts in one batch, plain, ``toxicity-token`` and ``toxicity`` (β = −20, k = 20), greedy,
 ``--tokens`` new tokens. Each row runs once untimed (loads, compiles, CUDA graph capture), then ``--repeats``
@@ -99,6 +101,13 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--profile", action="store_true",
                         help="after the rows: cProfile one compiled generate of the largest batch with the last reward")
+    parser.add_argument("--cuda-graphs", nargs="+", default=["manual"], choices=["manual", "trees"],
+                        help="how compiled rows run on CUDA (steerkit.compiling.CUDA_GRAPHS): several compare them in "
+                             "one run, each compiled row once per way")
+    parser.add_argument("--sync-debug", action="store_true",
+                        help="after the rows: one compiled generate of the largest batch with the last reward under "
+                             "torch.cuda.set_sync_debug_mode, printing each line of code that made the host wait "
+                             "for the GPU, with how often")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--static-rewards", action="store_true",
                         help="compiled rows run the torch rewards' static, compiled sessions on any device (compile=True "
@@ -124,8 +133,15 @@ def main() -> None:
               "tokens": args.tokens, "k": 20, "beta": -20.0, "random_weights": args.random_weights,
               "matmul_precision": torch.get_float32_matmul_precision(), "threads": args.threads,
               "load_average_before": os.getloadavg(), "rows": []}
+    import steerkit.compiling as compiling
+
+    result["cuda_graphs"] = args.cuda_graphs
+    runs = [(mode, None) for mode in args.modes if mode == "eager"]
+    runs += [(mode, graphs) for graphs in args.cuda_graphs for mode in args.modes if mode != "eager"]
     eager_texts = {}
-    for mode in args.modes:
+    for mode, graphs in runs:
+        if graphs is not None:
+            compiling.CUDA_GRAPHS = graphs
         for rows in args.rows:
             prompts = [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" ({i})") for i in range(rows)]
             for name in args.rewards:
@@ -144,12 +160,13 @@ def main() -> None:
                         seconds, count, texts = run(assembled, prompts, args.tokens)
                         best = min(best or (seconds, count), (seconds, count))
                 except Exception as exc:  # one failing row must not lose the others' figures
-                    row = {"mode": mode, "rows": rows, "rewards": name, "error": f"{type(exc).__name__}: {exc}"[:2000]}
+                    row = {"mode": mode, "cuda_graphs": graphs, "rows": rows, "rewards": name,
+                           "error": f"{type(exc).__name__}: {exc}"[:2000]}
                     result["rows"].append(row)
                     print(json.dumps(row), flush=True)
                     continue
                 seconds, count = best
-                row = {"mode": mode, "rows": rows, "rewards": name, "tokens": count, "seconds": round(seconds, 4),
+                row = {"mode": mode, "cuda_graphs": graphs, "rows": rows, "rewards": name, "tokens": count, "seconds": round(seconds, 4),
                        "tokens_per_s": round(count / seconds, 1),
                        "ms_per_step": round(1000 * seconds / max(1, count / rows), 3),
                        "untimed_first_run_s": round(first, 2)}
@@ -168,11 +185,31 @@ def main() -> None:
     result["load_average_after"] = os.getloadavg()
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}), flush=True)
+    if args.sync_debug and torch.cuda.is_available():
+        import collections
+        import warnings
+
+        compiling.CUDA_GRAPHS = args.cuda_graphs[0]
+        rows, name = max(args.rows), args.rewards[-1]
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
+        assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=True)
+        run(assembled, prompts, args.tokens)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run(assembled, prompts, args.tokens)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        where = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+        print(f"host waits for the GPU, compiled ({args.cuda_graphs[0]}), {rows} rows, {name}, {args.tokens} tokens:",
+              json.dumps(where.most_common(30), indent=1), flush=True)
     if args.profile:
         import cProfile
         import io
         import pstats
 
+        compiling.CUDA_GRAPHS = args.cuda_graphs[0]
         rows, name = max(args.rows), args.rewards[-1]
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
         assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=True)
@@ -183,7 +220,11 @@ def main() -> None:
         profile.disable()
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
-        print(f"cProfile, compiled, {rows} rows, {name}:", text.getvalue()[-6000:], flush=True)
+        print(f"cProfile, compiled ({args.cuda_graphs[0]}), {rows} rows, {name}, by own time:",
+              text.getvalue()[-6000:], flush=True)
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats("steerkit", 40)
+        print("the same, steerkit's functions by cumulative time:", text.getvalue()[-7000:], flush=True)
 
 
 if __name__ == "__main__":

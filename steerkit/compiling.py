@@ -3,17 +3,20 @@
 (:mod:`steerkit.rewards.sequence.static_cache`) both run through.
 
 On a CPU inductor freezes the weights as constants and autotunes every matrix product between its C++ GEMM template
-and ATen's (MKL) kernel; on CUDA the same graph is captured as CUDA graphs (``mode="reduce-overhead"``). Compiled
+and ATen's (MKL) kernel. On CUDA inductor's kernels are captured in one CUDA graph per shape (:class:`_Graph`), which
+a step replays after copying its inputs in: no guard or graph-tree check runs per step (:data:`CUDA_GRAPHS`). Compiled
 kernels and autotuning results are cached on disk (``$TORCHINDUCTOR_CACHE_DIR``, by default
 ``<steerkit cache>/inductor``), and a line on stderr says when a shape compiles and how long it took.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
 import warnings
+import weakref
 
 import torch
 import torch._inductor.config
@@ -25,6 +28,14 @@ from .model_copies import converted_copy
 #: (The autotuner's table of timings per product is not printed: steerkit prints one line per shape.)
 COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
+
+
+#: How a compiled step runs on CUDA. ``"manual"``: inductor's kernels (``torch.compile`` without its own CUDA
+#: graphs), captured here in one ``torch.cuda.CUDAGraph`` per shape and its inputs' objects; a step copies its tensor
+#: inputs into the graph's and replays it, so that no dynamo guard or CUDA-graph-tree check runs per step (what vLLM
+#: does). ``"trees"``: ``torch.compile(mode="reduce-overhead")``, whose graph trees check every call's inputs (what
+#: ``benchmarks/bench_gpu.py --cuda-graphs`` compares it with).
+CUDA_GRAPHS = "manual"
 
 
 def bucket(n: int, smallest: int = 1) -> int:
@@ -71,21 +82,44 @@ class CompiledStep:
             import torch._inductor.compile_fx  # noqa: F401
         inductor_cache_dir()
         _raise_recompile_limit()
-        forward = forward or model.forward
+        self.forward = forward or model.forward
         self.what = what
         self.cuda = next(model.parameters()).device.type == "cuda"
-        if self.cuda:  # CUDA graphs of the same static step
-            self.fn = torch.compile(forward, dynamic=False, mode="reduce-overhead")
-        else:  # the options are read when a shape compiles, which is inside a call: __call__
-            self.fn = torch.compile(forward, dynamic=False)
+        # on a CPU the options are read when a shape compiles, which is inside a call: __call__
         self.options = {} if self.cuda else COMPILE_OPTIONS
         self.shapes: set[tuple] = set()
+        self._compiled: dict[str, object] = {}
+        self.graphs: dict[tuple, _Graph | None] = {}  # CUDA, "manual": per shape its graph (None: capture failed)
+
+    @property
+    def fn(self):
+        """The compiled forward: on CUDA per :data:`CUDA_GRAPHS` (read at each call, so a benchmark can compare)."""
+        mode = CUDA_GRAPHS if self.cuda else "cpu"
+        fn = self._compiled.get(mode)
+        if fn is None:
+            if mode == "trees":
+                fn = torch.compile(self.forward, dynamic=False, mode="reduce-overhead")
+            else:
+                fn = torch.compile(self.forward, dynamic=False)
+            self._compiled[mode] = fn
+        return fn
 
     def __call__(self, shape: tuple, kwargs: dict):
         """Call the compiled forward with its inductor options in force (inductor reads its global configuration
         when a shape compiles; passed as ``torch.compile(options=...)`` they did not freeze the weights). A shape
-        this process has not run yet compiles here, between two lines on stderr."""
+        this process has not run yet compiles here, between two lines on stderr. On CUDA (``"manual"``) a shape's
+        later calls replay its CUDA graph."""
+        if self.cuda and CUDA_GRAPHS == "manual" and shape in self.shapes:
+            graph = self.graphs.get(shape)
+            if graph is not None and graph.fits(kwargs):
+                return graph.replay(kwargs)
+            if shape not in self.graphs or graph is not None:  # not captured yet, or for another KV cache
+                return self._capture(shape, kwargs)
+            # its capture failed: it runs uncaptured (below)
         if shape in self.shapes:
+            if self.cuda and CUDA_GRAPHS == "trees":  # its graph trees warn while they set up, on a later call
+                with _compiler_warnings_off():
+                    return self.fn(**kwargs)
             if not self.options:  # CUDA: nothing to patch (entering an empty patch costs 8 µs a step)
                 return self.fn(**kwargs)
             with torch._inductor.config.patch(self.options):
@@ -93,14 +127,106 @@ class CompiledStep:
         print(f"steerkit: compiling {self.what} for {' x '.join(map(str, shape))} (once per shape; cached in "
               f"{inductor_cache_dir()})", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        with warnings.catch_warnings():
-            # inductor's autotuner reads a tensor's TypedStorage, which torch itself deprecates
-            warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
-            with torch._inductor.config.patch(self.options):
-                out = self.fn(**kwargs)
+        with _compiler_warnings_off(), torch._inductor.config.patch(self.options):
+            out = self.fn(**kwargs)
         self.shapes.add(shape)
         print(f"steerkit: compiled in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        if self.cuda and CUDA_GRAPHS == "manual":
+            self.graphs.pop(shape, None)  # the next call captures
         return out
+
+    def _capture(self, shape: tuple, kwargs: dict):
+        """Run this (compiled) shape once on ``kwargs`` copied into the graph's own inputs, then capture it: the run
+        is this call's result, and it leaves every lazily made resource (cuBLAS workspaces, autotuning) made
+        before the capture. A shape whose capture fails runs uncaptured from then on, with a line on stderr."""
+        graph = _Graph(kwargs)
+        with _compiler_warnings_off():
+            out = _cloned(self.fn(**graph.inputs))
+        try:
+            with _compiler_warnings_off():
+                graph.capture(self.fn)
+        except Exception as exc:  # noqa: BLE001 - the compiled forward still runs, without a graph
+            print(f"steerkit: {self.what} for {' x '.join(map(str, shape))} runs without a CUDA graph "
+                  f"({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+            graph = None
+        self.graphs[shape] = graph
+        return out
+
+
+@contextlib.contextmanager
+def _compiler_warnings_off():
+    """What inductor warns about while it compiles a step that is not the caller's to act on: its autotuner reads a
+    tensor's TypedStorage, which torch itself deprecates; on a GPU with TF32 it suggests TF32 products, which the
+    step leaves off so that its float32 products are the eager engine's; ``mode="reduce-overhead"`` captures an
+    empty graph while its graph trees set up (torch 2.11)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
+        warnings.filterwarnings("ignore", message="TensorFloat32 tensor cores", category=UserWarning)
+        warnings.filterwarnings("ignore", message="The CUDA Graph is empty", category=UserWarning)
+        yield
+
+
+def _cloned(out):
+    """``out`` (a tensor, or a tuple, list, dict or transformers ``ModelOutput`` of them) with its tensors copied."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (tuple, list)) and not hasattr(out, "keys"):
+        return type(out)(_cloned(v) for v in out)
+    if hasattr(out, "keys"):  # dict, ModelOutput (a dict, whose fields are its keys)
+        copied = type(out)(**{k: _cloned(v) for k, v in out.items()})
+        return copied
+    return out
+
+
+class _Graph:
+    """One shape's CUDA graph: its own copies of the tensor inputs (:attr:`buffers`, which a replay reads), the other
+    inputs as captured (a KV cache object, held weakly: its tensors' addresses are in the graph, and a cache the
+    caller dropped must not be kept alive by it), and the output, which the next replay overwrites."""
+
+    def __init__(self, kwargs: dict):
+        self.buffers = {k: v.clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+        self.inputs = {k: self.buffers.get(k, v) for k, v in kwargs.items()}
+        self.layout = {k: (v.shape, v.dtype) for k, v in self.buffers.items()}
+        self.objects = {}
+        for k, v in kwargs.items():
+            if not isinstance(v, torch.Tensor):
+                try:
+                    self.objects[k] = ("ref", weakref.ref(v))
+                except TypeError:  # an int, a bool, None: compared by value
+                    self.objects[k] = ("value", v)
+        self.graph = self.output = None
+        self.replays = 0
+
+    def capture(self, fn) -> None:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = fn(**self.inputs)
+        self.graph, self.output = graph, output
+        self.inputs = None  # the graph reads the buffers; the other inputs are held weakly
+
+    def fits(self, kwargs: dict) -> bool:
+        """Whether a replay computes ``fn(**kwargs)``: the same names, tensor shapes and dtypes, and the same other
+        objects (the same KV cache, whose tensors the graph reads and writes in place)."""
+        if len(kwargs) != len(self.layout) + len(self.objects):
+            return False
+        for k, (how, v) in self.objects.items():
+            if k not in kwargs:
+                return False
+            other = kwargs[k]
+            if (v() is not other) if how == "ref" else (type(v) is not type(other) or v != other):
+                return False
+        for k, (shape, dtype) in self.layout.items():
+            v = kwargs.get(k)
+            if not isinstance(v, torch.Tensor) or v.shape != shape or v.dtype != dtype:
+                return False
+        return True
+
+    def replay(self, kwargs: dict):
+        for k, buffer in self.buffers.items():
+            buffer.copy_(kwargs[k])
+        self.graph.replay()
+        self.replays += 1
+        return self.output
 
 
 def compiled_step(model) -> CompiledStep:

@@ -252,12 +252,13 @@ class StaticLMBatch(LMBatch):
         # the cache writes at column t: each layer's write position is t already (set when the layout last moved,
         # then advanced by every step's write); transformers releases that read cache_position instead get it here
         kwargs = dict(input_ids=ids, attention_mask=self.mask, position_ids=self.pos[:, None],
-                      cache_position=torch.tensor([t], device=self.device), use_cache=True,
+                      cache_position=torch.full((1,), t, device=self.device), use_cache=True,
                       **cache_kwargs(self.model, self.static))
         out = self.model(**kwargs) if self.compiled is None else self._compiled_call(kwargs)
         self.t = t + 1
         self.pos[:rows] += 1
-        self.logits = out.logits[:rows, -1, :].float()
+        # a copy on CUDA: the step's CUDA graph overwrites its output on the next replay
+        self.logits = out.logits[:rows, -1, :].to(torch.float32, copy=self.device.type == "cuda")
 
     def _compiled_call(self, kwargs):
         return self.compiled((f"{self.slots} row(s)", f"{self.width} tokens"), kwargs)

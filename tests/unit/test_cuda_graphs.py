@@ -1,0 +1,88 @@
+"""The compiled step's CUDA graphs (steerkit/compiling.py, ``CUDA_GRAPHS = "manual"``): on a GPU, ``compile=True``
+gives the eager engine's tokens with every step after a shape's first replayed from one captured graph, and a new
+KV cache of the same shape is captured again rather than replayed through the old one's addresses. On a CPU-only
+machine the GPU tests skip and the replay's bookkeeping (which inputs a graph fits) is checked on CPU tensors."""
+
+import gc
+
+import pytest
+import torch
+
+import steerkit
+from steerkit import compiling
+from steerkit.compiling import _cloned, _Graph, compiled_step
+from steerkit.rewards.sequence.scorer import RewardModelScorer
+from steerkit.rewards.sequence.static_cache import compiled_scoring
+from steerkit.rewards.token.session import TokenReward, compiled_commit
+from steerkit.steering import SteeringTerm
+from steerkit.testing import tiny_lm, tiny_reward, tiny_token_reward
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+
+
+class Cache:  # a stand-in for a KV cache object: held weakly, compared by identity
+    pass
+
+
+def test_a_graph_fits_only_the_inputs_it_was_captured_for():
+    cache = Cache()
+    kwargs = dict(input_ids=torch.zeros((4, 1), dtype=torch.long), cache=cache, use_cache=True)
+    graph = _Graph(kwargs)
+    assert graph.buffers["input_ids"] is not kwargs["input_ids"]  # its own copy, which a replay reads
+    assert graph.fits(dict(kwargs, input_ids=torch.ones((4, 1), dtype=torch.long)))  # new values: a replay
+    assert not graph.fits(dict(kwargs, input_ids=torch.zeros((8, 1), dtype=torch.long)))  # another shape
+    assert not graph.fits(dict(kwargs, input_ids=torch.zeros((4, 1), dtype=torch.int32)))  # another dtype
+    assert not graph.fits(dict(kwargs, cache=Cache()))  # another KV cache: its tensors are elsewhere
+    assert not graph.fits(dict(kwargs, use_cache=False))
+    assert not graph.fits(dict(kwargs, extra=1))
+    assert not graph.fits({k: v for k, v in kwargs.items() if k != "use_cache"})
+    graph.inputs = None  # as after a capture: only the buffers and a weak reference to the cache remain
+    del kwargs, cache
+    gc.collect()
+    assert not graph.fits(dict(input_ids=torch.zeros((4, 1), dtype=torch.long), cache=Cache(), use_cache=True))
+
+
+def test_a_replayed_output_is_copied_out_of_the_graph():
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    logits = torch.arange(6.0).view(2, 3)
+    out = _cloned(CausalLMOutputWithPast(logits=logits))
+    assert torch.equal(out.logits, logits) and out.logits.data_ptr() != logits.data_ptr()
+    pair = _cloned((logits, logits[0]))
+    assert all(torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(pair, (logits, logits[0])))
+
+
+def _generate(lm, tokenizer, terms, **kw):
+    return steerkit.generate(["ab cd", "hello there friend", "x"], lm=(lm, tokenizer), rewards=terms, k=5,
+                             max_new_tokens=24, eos_token_id=[], device="cuda", **kw)
+
+
+@cuda
+@pytest.mark.parametrize("kind", ["sequence", "token"])
+def test_compiled_generate_on_cuda_replays_graphs_and_gives_the_eager_tokens(kind, tokenizer, monkeypatch):
+    monkeypatch.setattr(compiling, "CUDA_GRAPHS", "manual")
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    lm = tiny_lm(tokenizer).to("cuda")
+    with torch.no_grad():  # spread the logits: a random tiny LM's are nearly equal, and eager cuBLAS and inductor's
+        lm.lm_head.weight.mul_(30.0)  # kernels round differently, which would decide near-ties differently
+    if kind == "sequence":
+        model = tiny_reward(tokenizer, seed=6).to("cuda")
+        reward, steps = RewardModelScorer(model, context="full"), compiled_scoring
+    else:
+        model = tiny_token_reward(tokenizer).to("cuda")
+        reward, steps = TokenReward(model), compiled_commit
+    terms = [SteeringTerm(reward, -4.0, name="r")]
+    for sample in ({"do_sample": False}, {"do_sample": True, "seed": 3}):
+        eager = _generate(lm, tokenizer, terms, **sample)
+        compiled = _generate(lm, tokenizer, terms, compile=True, **sample)
+        again = _generate(lm, tokenizer, terms, compile=True, **sample)  # new KV caches of the same shapes
+        assert torch.equal(compiled.sequences, again.sequences), sample
+        assert torch.equal(eager.sequences, compiled.sequences), sample
+        monkeypatch.setattr(compiling, "CUDA_GRAPHS", "trees")
+        trees = _generate(lm, tokenizer, terms, compile=True, **sample)  # the same kernels, torch's graph trees
+        monkeypatch.setattr(compiling, "CUDA_GRAPHS", "manual")
+        assert torch.equal(compiled.sequences, trees.sequences), sample
+    lm_graphs = [g for g in compiled_step(lm).graphs.values() if g is not None]
+    assert lm_graphs and sum(g.replays for g in lm_graphs) >= 20  # the last run's steps after the first
+    reward_graphs = [g for g in steps(model).graphs.values() if g is not None]
+    assert reward_graphs and sum(g.replays for g in reward_graphs) >= 20
