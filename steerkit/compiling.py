@@ -178,6 +178,14 @@ def _cloned(out):
     return out
 
 
+def _tensors_of(out):
+    """``out`` without what is not a tensor: a transformers ``ModelOutput`` without the KV cache it returns (a graph
+    that kept it would keep a cache the caller has dropped alive, for as long as the graph of its shape lives)."""
+    if isinstance(out, dict):  # a ModelOutput is a dict too
+        return type(out)(**{k: v for k, v in out.items() if isinstance(v, torch.Tensor)})
+    return out
+
+
 class _Graph:
     """One shape's CUDA graph: its own copies of the tensor inputs (:attr:`buffers`, which a replay reads), the other
     inputs as captured (a KV cache object, held weakly: its tensors' addresses are in the graph, and a cache the
@@ -201,8 +209,8 @@ class _Graph:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             output = fn(**self.inputs)
-        self.graph, self.output = graph, output
-        self.inputs = None  # the graph reads the buffers; the other inputs are held weakly
+        # the graph reads the buffers; the other inputs are held weakly, and so is a KV cache the output returns
+        self.graph, self.output, self.inputs = graph, _tensors_of(output), None
 
     def fits(self, kwargs: dict) -> bool:
         """Whether a replay computes ``fn(**kwargs)``: the same names, tensor shapes and dtypes, and the same other

@@ -52,6 +52,17 @@ def test_a_replayed_output_is_copied_out_of_the_graph():
     assert all(torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(pair, (logits, logits[0])))
 
 
+def test_a_graph_keeps_no_kv_cache_of_its_output_alive():
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    from steerkit.compiling import _tensors_of
+
+    logits = torch.zeros(2, 3)
+    kept = _tensors_of(CausalLMOutputWithPast(logits=logits, past_key_values=Cache()))
+    assert kept.logits is logits and kept.past_key_values is None
+    assert _tensors_of(logits) is logits
+
+
 def _generate(lm, tokenizer, terms, **kw):
     return steerkit.generate(["ab cd", "hello there friend", "x"], lm=(lm, tokenizer), rewards=terms, k=5,
                              max_new_tokens=24, eos_token_id=[], device="cuda", **kw)
