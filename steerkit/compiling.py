@@ -207,7 +207,8 @@ class _Graph:
 
     def capture(self, fn) -> None:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # "thread_local": a server's other threads may use CUDA while the engine's thread captures
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             output = fn(**self.inputs)
         # the graph reads the buffers; the other inputs are held weakly, and so is a KV cache the output returns
         self.graph, self.output, self.inputs = graph, _tensors_of(output), None
