@@ -170,11 +170,10 @@ def _cloned(out):
     """``out`` (a tensor, or a tuple, list, dict or transformers ``ModelOutput`` of them) with its tensors copied."""
     if isinstance(out, torch.Tensor):
         return out.clone()
-    if isinstance(out, (tuple, list)) and not hasattr(out, "keys"):
+    if isinstance(out, dict):  # a ModelOutput is a dict too, whose fields are its keys
+        return type(out)(**{k: _cloned(v) for k, v in out.items()})
+    if isinstance(out, (tuple, list)):
         return type(out)(_cloned(v) for v in out)
-    if hasattr(out, "keys"):  # dict, ModelOutput (a dict, whose fields are its keys)
-        copied = type(out)(**{k: _cloned(v) for k, v in out.items()})
-        return copied
     return out
 
 
