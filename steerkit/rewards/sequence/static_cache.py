@@ -30,7 +30,7 @@ import torch
 
 from ...compiling import CompiledStep, bucket
 from ...model_copies import converted_copy
-from ..cache import SharedPrefixCache, pick_columns
+from ..cache import SharedPrefixCache
 from ..model import RewardModel
 from ..static_kv import MIN_COLUMNS, StaticKV
 
@@ -129,10 +129,17 @@ class StaticScoringCache(SharedPrefixCache):
         columns) from the scratch to ``[T, T + m)``."""
         T, m, B = self.length, index.shape[1], index.shape[0]
         scratch = index - T + self.prefix
+        if B < self.kv.slots:  # the padding slots copy their column `prefix` to columns no row reads
+            scratch = torch.cat([scratch, scratch.new_full((self.kv.slots - B, m), self.prefix)])
+        # two operations per tensor (a gather, an index copy over every slot), not a slice-gather-copy per row range:
+        # on a GPU each is a kernel launch from the host (benchmarks/count_step_ops.py)
+        columns = torch.arange(T, T + m, device=scratch.device)
+        where = {}
         for layer in self.static.layers:
-            for name in ("keys", "values"):
-                t = getattr(layer, name)
-                t[:B, :, T:T + m] = pick_columns(t[:B], scratch)
+            for t in (layer.keys, layer.values):
+                if t.shape not in where:
+                    where[t.shape] = scratch[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
+                t.index_copy_(2, columns, t.gather(2, where[t.shape]))
 
     def _truncate(self, keep: int) -> None:
         pass  # columns past `keep` are no longer in the mask; the next extension writes over them
