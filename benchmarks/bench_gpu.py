@@ -166,8 +166,8 @@ def main() -> None:
                     print(json.dumps(row), flush=True)
                     continue
                 seconds, count = best
-                row = {"mode": mode, "cuda_graphs": graphs, "rows": rows, "rewards": name, "tokens": count, "seconds": round(seconds, 4),
-                       "tokens_per_s": round(count / seconds, 1),
+                row = {"mode": mode, "cuda_graphs": graphs, "rows": rows, "rewards": name, "tokens": count,
+                       "seconds": round(seconds, 4), "tokens_per_s": round(count / seconds, 1),
                        "ms_per_step": round(1000 * seconds / max(1, count / rows), 3),
                        "untimed_first_run_s": round(first, 2)}
                 key = (rows, name)
@@ -185,15 +185,21 @@ def main() -> None:
     result["load_average_after"] = os.getloadavg()
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}), flush=True)
-    if args.sync_debug and torch.cuda.is_available():
-        import collections
-        import warnings
 
+    def warmed_up():
+        """The largest batch with the last reward, compiled (the first --cuda-graphs way), after one untimed run."""
         compiling.CUDA_GRAPHS = args.cuda_graphs[0]
         rows, name = max(args.rows), args.rewards[-1]
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
         assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=True)
         run(assembled, prompts, args.tokens)
+        return assembled, prompts, f"compiled ({args.cuda_graphs[0]}), {rows} rows, {name}"
+
+    if args.sync_debug and torch.cuda.is_available():
+        import collections
+        import warnings
+
+        assembled, prompts, what = warmed_up()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
@@ -202,26 +208,21 @@ def main() -> None:
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         where = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
-        print(f"host waits for the GPU, compiled ({args.cuda_graphs[0]}), {rows} rows, {name}, {args.tokens} tokens:",
-              json.dumps(where.most_common(30), indent=1), flush=True)
+        print(f"host waits for the GPU, {what}, {args.tokens} tokens:", json.dumps(where.most_common(30), indent=1),
+              flush=True)
     if args.profile:
         import cProfile
         import io
         import pstats
 
-        compiling.CUDA_GRAPHS = args.cuda_graphs[0]
-        rows, name = max(args.rows), args.rewards[-1]
-        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
-        assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=True)
-        run(assembled, prompts, args.tokens)
+        assembled, prompts, what = warmed_up()
         profile = cProfile.Profile()
         profile.enable()
         run(assembled, prompts, args.tokens)
         profile.disable()
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
-        print(f"cProfile, compiled ({args.cuda_graphs[0]}), {rows} rows, {name}, by own time:",
-              text.getvalue()[-6000:], flush=True)
+        print(f"cProfile, {what}, by own time:", text.getvalue()[-6000:], flush=True)
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats("steerkit", 40)
         print("the same, steerkit's functions by cumulative time:", text.getvalue()[-7000:], flush=True)

@@ -119,7 +119,7 @@ class CompiledStep:
         if shape in self.shapes:
             if self.cuda and CUDA_GRAPHS == "trees":  # its graph trees warn while they set up, on a later call
                 with _compiler_warnings_off():
-                    return self.fn(**kwargs)
+                    return _cloned(self.fn(**kwargs))  # the trees' output memory, too, is reused by the next call
             if not self.options:  # CUDA: nothing to patch (entering an empty patch costs 8 µs a step)
                 return self.fn(**kwargs)
             with torch._inductor.config.patch(self.options):
@@ -140,11 +140,12 @@ class CompiledStep:
         is this call's result, and it leaves every lazily made resource (cuBLAS workspaces, autotuning) made
         before the capture. A shape whose capture fails runs uncaptured from then on, with a line on stderr."""
         graph = _Graph(kwargs)
+        inputs = graph.arguments(kwargs)
         with _compiler_warnings_off():
-            out = _cloned(self.fn(**graph.inputs))
+            out = self.fn(**inputs)  # an uncaptured run: its output is this call's own
         try:
             with _compiler_warnings_off():
-                graph.capture(self.fn)
+                graph.capture(self.fn, inputs)
         except Exception as exc:  # noqa: BLE001 - the compiled forward still runs, without a graph
             print(f"steerkit: {self.what} for {' x '.join(map(str, shape))} runs without a CUDA graph "
                   f"({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
@@ -188,12 +189,10 @@ def _tensors_of(out):
 class _Graph:
     """One shape's CUDA graph: its own copies of the tensor inputs (:attr:`buffers`, which a replay reads), the other
     inputs as captured (a KV cache object, held weakly: its tensors' addresses are in the graph, and a cache the
-    caller dropped must not be kept alive by it), and the output, which the next replay overwrites."""
+    caller dropped must not be kept alive by it), and the output, which each replay overwrites and hands out copied."""
 
     def __init__(self, kwargs: dict):
         self.buffers = {k: v.clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
-        self.inputs = {k: self.buffers.get(k, v) for k, v in kwargs.items()}
-        self.layout = {k: (v.shape, v.dtype) for k, v in self.buffers.items()}
         self.objects = {}
         for k, v in kwargs.items():
             if not isinstance(v, torch.Tensor):
@@ -204,18 +203,22 @@ class _Graph:
         self.graph = self.output = None
         self.replays = 0
 
-    def capture(self, fn) -> None:
+    def arguments(self, kwargs: dict) -> dict:
+        """``kwargs`` with the graph's own tensors in place of the caller's."""
+        return {k: self.buffers.get(k, v) for k, v in kwargs.items()}
+
+    def capture(self, fn, inputs: dict) -> None:
         graph = torch.cuda.CUDAGraph()
         # "thread_local": a server's other threads may use CUDA while the engine's thread captures
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            output = fn(**self.inputs)
+            output = fn(**inputs)
         # the graph reads the buffers; the other inputs are held weakly, and so is a KV cache the output returns
-        self.graph, self.output, self.inputs = graph, _tensors_of(output), None
+        self.graph, self.output = graph, _tensors_of(output)
 
     def fits(self, kwargs: dict) -> bool:
         """Whether a replay computes ``fn(**kwargs)``: the same names, tensor shapes and dtypes, and the same other
         objects (the same KV cache, whose tensors the graph reads and writes in place)."""
-        if len(kwargs) != len(self.layout) + len(self.objects):
+        if len(kwargs) != len(self.buffers) + len(self.objects):
             return False
         for k, (how, v) in self.objects.items():
             if k not in kwargs:
@@ -223,18 +226,19 @@ class _Graph:
             other = kwargs[k]
             if (v() is not other) if how == "ref" else (type(v) is not type(other) or v != other):
                 return False
-        for k, (shape, dtype) in self.layout.items():
+        for k, buffer in self.buffers.items():
             v = kwargs.get(k)
-            if not isinstance(v, torch.Tensor) or v.shape != shape or v.dtype != dtype:
+            if not isinstance(v, torch.Tensor) or v.shape != buffer.shape or v.dtype != buffer.dtype:
                 return False
         return True
 
     def replay(self, kwargs: dict):
+        """The output of ``fn(**kwargs)``, copied out of the graph's memory (the next replay writes over it)."""
         for k, buffer in self.buffers.items():
             buffer.copy_(kwargs[k])
         self.graph.replay()
         self.replays += 1
-        return self.output
+        return _cloned(self.output)
 
 
 def compiled_step(model) -> CompiledStep:

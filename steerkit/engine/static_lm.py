@@ -257,8 +257,7 @@ class StaticLMBatch(LMBatch):
         out = self.model(**kwargs) if self.compiled is None else self._compiled_call(kwargs)
         self.t = t + 1
         self.pos[:rows] += 1
-        # a copy on CUDA: the step's CUDA graph overwrites its output on the next replay
-        self.logits = out.logits[:rows, -1, :].to(torch.float32, copy=self.device.type == "cuda")
+        self.logits = out.logits[:rows, -1, :].float()
 
     def _compiled_call(self, kwargs):
         return self.compiled((f"{self.slots} row(s)", f"{self.width} tokens"), kwargs)

@@ -26,9 +26,14 @@ import torch
 from .attention import append_mask_4d, block_mask_4d
 
 
+def column_index(index: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Column indices [B, m] as the ``gather`` index [B, heads, m, d] of KV tensors shaped like ``like``."""
+    return index[:, None, :, None].expand(-1, like.shape[1], -1, like.shape[3])
+
+
 def pick_columns(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``t[b, :, index[b, j], :]`` for a KV tensor [B, heads, T, d] and column indices [B, m] -> [B, heads, m, d]."""
-    return t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3]))
+    return t.gather(2, column_index(index, t))
 
 
 #: Marks pending blocks scored in chunks: their KV is gone, the chosen block is run again on commit.

@@ -30,7 +30,7 @@ import torch
 
 from ...compiling import CompiledStep, bucket
 from ...model_copies import converted_copy
-from ..cache import SharedPrefixCache
+from ..cache import SharedPrefixCache, column_index
 from ..model import RewardModel
 from ..static_kv import MIN_COLUMNS, StaticKV
 
@@ -113,9 +113,7 @@ class StaticScoringCache(SharedPrefixCache):
             rewards = self.compiled(shape, kwargs)
         else:
             rewards = self.model(**kwargs).rewards
-        rewards = rewards[:B, :n]
-        # CUDA graphs reuse their output's memory on the next replay; elsewhere the output is the caller's already
-        return (rewards.clone() if self.kv.device.type == "cuda" else rewards), None
+        return rewards[:B, :n], None
 
     # -- what SharedPrefixCache asks of a backend ----------------------------------------------------------
     def _store(self, kv) -> None:
@@ -132,14 +130,13 @@ class StaticScoringCache(SharedPrefixCache):
         if B < self.kv.slots:  # the padding slots copy their column `prefix` to columns no row reads
             scratch = torch.cat([scratch, scratch.new_full((self.kv.slots - B, m), self.prefix)])
         # two operations per tensor (a gather, an index copy over every slot), not a slice-gather-copy per row range:
-        # on a GPU each is a kernel launch from the host (benchmarks/count_step_ops.py)
+        # on a GPU each is a kernel launch from the host (benchmarks/count_step_ops.py). Every tensor of a StaticKV
+        # has the same shape, so one gather index serves them all.
         columns = torch.arange(T, T + m, device=scratch.device)
-        where = {}
+        where = column_index(scratch, self.static.layers[0].keys)
         for layer in self.static.layers:
             for t in (layer.keys, layer.values):
-                if t.shape not in where:
-                    where[t.shape] = scratch[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[3])
-                t.index_copy_(2, columns, t.gather(2, where[t.shape]))
+                t.index_copy_(2, columns, t.gather(2, where))
 
     def _truncate(self, keep: int) -> None:
         pass  # columns past `keep` are no longer in the mask; the next extension writes over them

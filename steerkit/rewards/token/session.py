@@ -243,10 +243,7 @@ class StaticTokenSession(TokenSession):
             query, offset = self.compiled((f"{self.kv.slots} row(s)", f"{self.kv.width} tokens"), kwargs)
         else:
             query, offset, _ = self.model.project(**kwargs)
-        query, offset = query[:B], offset[:B]
-        if self.kv.device.type == "cuda":  # CUDA graphs reuse their outputs' memory on the next replay
-            query, offset = query.clone(), offset.clone()
-        return query, offset
+        return query[:B], offset[:B]
 
     def _keep_past(self, index: torch.Tensor, first: int) -> None:
         T = self.mask.shape[1]
