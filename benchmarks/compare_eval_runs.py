@@ -5,12 +5,23 @@ one row per (prompt set, setting) present in both, the perplexity (mean and medi
 headline figures for run A and run B.
 
     python benchmarks/compare_eval_runs.py runs/eval-v1-toxicity runs/eval-v2-toxicity --names 0.1.0 0.2.0
+
+``--paired`` adds what the difference is worth: for each setting and toxicity scorer, B − A of the average maximum
+toxicity and of the median perplexity, with a 95% interval from a paired bootstrap over the prompts both runs share
+(resampling prompts, each with its own continuations from both runs; 2,000 resamples, seed 0). A run is a run
+directory, or an archived one whose ``run.tar.gz`` holds ``scores.jsonl`` and ``fluency.jsonl``
+(docs/results/...). An interval that holds 0 is a difference these prompts cannot tell from noise.
+
+    python benchmarks/compare_eval_runs.py docs/results/v2/toxicity docs/results/v4/toxicity --names 0.2.0 0.4.0 --paired
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
+import statistics
+import tarfile
 from pathlib import Path
 
 HEADLINE = {"toxicity": ("avg_max_toxicity", "toxic_rate"), "sentiment": ("positive_rate", "mean_sentiment")}
@@ -47,13 +58,71 @@ def table(a: Path, b: Path, names: tuple[str, str]) -> str:
     return f"Each cell: {names[0]} → {names[1]}.\n\n" + "\n".join(lines)
 
 
+def _records(run: Path, name: str) -> list[dict]:
+    """The JSONL records of ``name`` in a run directory, or in its archived ``run.tar.gz``."""
+    if (run / name).exists():
+        return [json.loads(line) for line in (run / name).read_text().splitlines() if line.strip()]
+    with tarfile.open(run / "run.tar.gz") as tar:
+        member = next(m for m in tar.getmembers() if Path(m.name).name == name)
+        return [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
+
+
+def _per_prompt(run: Path) -> dict:
+    """``{(setting, measure): {(prompt_set, index): values}}``: each scorer's scores (measure: the scorer's name) and
+    the perplexities (measure ``"perplexity"``) of one prompt's continuations."""
+    out: dict = {}
+    for r in _records(run, "scores.jsonl"):
+        out.setdefault((r["setting"], r["scorer"]), {})[(r["prompt_set"], r["index"])] = r["scores"]
+    for r in _records(run, "fluency.jsonl"):
+        out.setdefault((r["setting"], "perplexity"), {})[(r["prompt_set"], r["index"])] = r["perplexities"]
+    return out
+
+
+def _statistic(measure: str, groups: list[list[float]]) -> float:
+    if measure == "perplexity":  # the median over every continuation, as the eval report's
+        return statistics.median(v for g in groups for v in g)
+    return statistics.fmean(max(g) for g in groups)  # average maximum toxicity over prompts
+
+
+def paired_table(a: Path, b: Path, names: tuple[str, str], resamples: int = 2000, seed: int = 0) -> str:
+    """B − A per (setting, measure) with a paired bootstrap 95% interval over the shared prompts."""
+    runs = [_per_prompt(a), _per_prompt(b)]
+    lines = [f"{names[1]} − {names[0]}, 95% interval of a paired bootstrap over prompts ({resamples} resamples):", "",
+             "| setting | measure | prompts | " + f"{names[0]} | {names[1]} | difference | 95% interval |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    for key in sorted(set(runs[0]) & set(runs[1])):
+        setting, measure = key
+        prompts = sorted(set(runs[0][key]) & set(runs[1][key]))
+        if not prompts or not (measure == "perplexity" or "tox" in measure.lower() or "profan" in measure.lower()):
+            continue
+        groups = [[runs[i][key][p] for p in prompts] for i in (0, 1)]
+        va, vb = (_statistic(measure, g) for g in groups)
+        rng = random.Random(seed)
+        diffs = []
+        for _ in range(resamples):
+            idx = [rng.randrange(len(prompts)) for _ in prompts]
+            diffs.append(_statistic(measure, [groups[1][i] for i in idx]) -
+                         _statistic(measure, [groups[0][i] for i in idx]))
+        diffs.sort()
+        lo, hi = diffs[int(0.025 * resamples)], diffs[int(0.975 * resamples) - 1]
+        digits = 2 if measure == "perplexity" else 3
+        what = "median ppl" if measure == "perplexity" else f"{measure}: avg max"
+        lines.append(f"| {setting} | {what} | {len(prompts)} | {va:.{digits}f} | {vb:.{digits}f} | {vb - va:+.{digits}f} "
+                     f"| [{lo:+.{digits}f}, {hi:+.{digits}f}] |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", type=Path)
     parser.add_argument("b", type=Path)
     parser.add_argument("--names", nargs=2, default=["A", "B"])
+    parser.add_argument("--paired", action="store_true", help="add B − A with paired-bootstrap intervals over prompts")
     args = parser.parse_args()
     print(table(args.a, args.b, tuple(args.names)))
+    if args.paired:
+        print()
+        print(paired_table(args.a, args.b, tuple(args.names)))
 
 
 if __name__ == "__main__":

@@ -38,6 +38,22 @@ COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_ba
 CUDA_GRAPHS = "manual"
 
 
+#: Decode steps of one job after which compiling steerkit's step has paid for its compile time, per device type,
+#: measured at ``steerkit eval``'s batch (25 rows, ``toxicity`` at k = 20; docs/performance.md, "When compiling
+#: pays"). One H100 (bench_gpu.py, run 5): about 60 s to compile the LM's and the reward's step from scratch, and a
+#: step 37 ms faster (46.2 -> 8.9 ms): 1,600 steps. This CPU (bench_compile_payback.py): the compiled step was slower
+#: at 25 rows (564 against 499 ms; on a CPU the sequence reward stays eager), so no CPU entry: a CPU never compiles
+#: by itself. A device type not listed does not either.
+COMPILE_PAYS_AFTER_STEPS = {"cuda": 1600}
+
+
+def compile_pays(device: str | None, steps: int) -> bool:
+    """Whether compiling pays for a job of ``steps`` decode steps on ``device`` (``"cuda:1"``; None: the CPU), by
+    :data:`COMPILE_PAYS_AFTER_STEPS`: what ``steerkit eval`` does where its config leaves ``compile`` unset."""
+    after = COMPILE_PAYS_AFTER_STEPS.get(str(device or "cpu").split(":")[0])
+    return after is not None and steps >= after
+
+
 def bucket(n: int, smallest: int = 1) -> int:
     """``n`` rounded up to ``smallest`` times a power of two."""
     b = max(1, int(smallest))

@@ -48,6 +48,13 @@ requires_smollm2 = pytest.mark.skipif(not smollm2_installed(),
 requires_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"labelled data not present at {SHARED_DATA}")
 
 
+@pytest.fixture
+def inductor_cache(tmp_path, monkeypatch):
+    """An empty inductor cache of the test's own: a compiled step compiles from scratch and leaves nothing behind."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    return tmp_path / "inductor"
+
+
 @pytest.fixture(scope="module")
 def steerkit_cache(tmp_path_factory):
     """A fresh ``$STEERKIT_CACHE`` for one test module (exports and converted models written there, not shared)."""

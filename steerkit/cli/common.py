@@ -49,5 +49,7 @@ BACKEND_HELP = ("Reward backend: auto (an ONNX export runs on onnx, anything els
 
 COMPILE_HELP = ("steerkit's engine on the static-shape step compiled by torch.compile: faster per token once compiled "
                 "(the first run of a shape compiles for up to a few minutes; cached on disk). \\[default: no-compile]")
+EVAL_COMPILE_HELP = ("Generate on steerkit's static-shape step compiled by torch.compile (the same tokens at fp32). "
+                     "\\[default: where the run's decode steps pay for compiling on its device]")
 DTYPE_HELP = ("The LM's weights in steerkit's engine: float32 (as loaded), bfloat16 (bf16 weights and matmuls; fast on "
               "CPUs with AVX512_BF16 or AMX, and on CUDA) or int8 (weight-only). \\[default: float32]")

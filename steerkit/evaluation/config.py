@@ -117,6 +117,9 @@ class EvalConfig(ValidatedConfig):
     plots: bool = True
     threads: int | None = Field(default=None, ge=1)  # torch intra-op threads (1 is fastest on a busy 2-core box)
     device: DeviceName = None  # torch device for the LM, torch rewards and the eval LM: cpu, cuda, cuda:1, mps
+    # steerkit's engine on the compiled static-shape step (as `steerkit generate --compile`; the same tokens at fp32).
+    # None: where it pays, from the run's pending decode steps and the device (steerkit.compiling.compile_pays)
+    compile: bool | None = None
 
     @field_validator("betas")
     @classmethod

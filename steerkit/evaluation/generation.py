@@ -33,6 +33,9 @@ class UnitGenerator:
         self._rewards = dict(rewards or {})
         self._generators: dict[str, object] = {}
         self._device: str | None = None
+        #: whether the generators run the compiled step: the config's choice, which the runner's generation stage
+        #: settles where the config leaves it to steerkit (None: :func:`steerkit.compiling.compile_pays`)
+        self.compile = bool(config.compile)
 
     def __call__(self, unit: Unit) -> dict:
         gen = self._generators.get(unit.setting.name)
@@ -49,7 +52,8 @@ class UnitGenerator:
                            batch_size=cfg.batch_size or cfg.num_continuations)
         return {"prompt_set": unit.prompt_set, "index": unit.prompt.index, "setting": unit.setting.name,
                 "key": unit.key, "prompt": unit.prompt.text, "continuations": out.texts,
-                "num_new_tokens": out.num_new_tokens, "seconds": out.seconds, "device": self.device()}
+                "num_new_tokens": out.num_new_tokens, "seconds": out.seconds, "device": self.device(),
+                "compiled": self.compile}
 
     def device(self) -> str:
         """The torch device the run's models live on (``config.device``; the CPU by default)."""
@@ -90,4 +94,4 @@ class UnitGenerator:
     def generator(self, setting: Setting):
         from ..assembly import assemble
 
-        return assemble(self.lm(), self.terms(setting), k=setting.k).generator()
+        return assemble(self.lm(), self.terms(setting), k=setting.k, compile=self.compile).generator()

@@ -163,8 +163,10 @@ class EvalRunner:
             todo = todo[:limit]
         if not todo:
             return 0
+        compile = self.compile_choice(todo)
         if self.executor is None:
             self.device()  # fail before any work when the device is missing
+            self.models.compile = compile
             generators: dict[str, object] = {}
 
             def record(unit: Unit) -> dict:
@@ -175,8 +177,9 @@ class EvalRunner:
             records = map(record, todo)
         else:  # each actor loads the models from the config's references, on the executor's device if it has one
             device = getattr(self.executor, "device", None)
-            config = self.config if device in (None, self.config.device) else \
-                self.config.with_overrides({"device": device})
+            overrides = {"compile": compile} if device in (None, self.config.device) else \
+                {"device": device, "compile": compile}
+            config = self.config.with_overrides(overrides)
             records = self.executor.map(todo, partial(UnitGenerator, config))
         done = 0
         with self._bar("Generating", len(todo)) as advance:
@@ -185,6 +188,23 @@ class EvalRunner:
                 done += 1
                 advance()
         return done
+
+    def compile_choice(self, todo: list[Unit]) -> bool:
+        """Whether the generation stage runs the compiled step: the config's ``compile``, or where that is None,
+        whether compiling pays for ``todo``'s decode steps on the run's device (said in the log when it does)."""
+        if self.config.compile is not None:
+            return self.config.compile
+        from ..compiling import compile_pays
+
+        cfg = self.config
+        batches = -(-cfg.num_continuations // (cfg.batch_size or cfg.num_continuations))
+        steps = len(todo) * batches * cfg.max_new_tokens
+        device = getattr(self.executor, "device", None) or cfg.device or "cpu"
+        pays = compile_pays(device, steps)
+        if pays:
+            self.log(f"Compiling the decode step: {steps:,} decode steps on {device} pay for it "
+                     "(--no-compile runs eagerly).")
+        return pays
 
     def _relevant(self) -> list[dict]:
         wanted = {(u.prompt_set, u.prompt.index, u.setting.name) for u in self.units()}

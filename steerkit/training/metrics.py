@@ -17,24 +17,36 @@ from .loss import prefix_positions
 FRACTIONS = (0.25, 0.5, 0.75)
 
 
+def _midranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, ties given their average rank."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    last = np.cumsum(counts)  # the rank of each distinct value's last copy
+    return (last - (counts - 1) / 2)[inverse.reshape(-1)]
+
+
 def auroc(scores, labels) -> float | None:
     """Area under the ROC curve (Mann-Whitney U with average ranks for ties); None with one class only."""
+    out = auroc_with_se(scores, labels)
+    return None if out is None else out[0]
+
+
+def auroc_with_se(scores, labels) -> tuple[float, float] | None:
+    """The AUROC and its standard error by DeLong et al. (1988): the variance of each positive's and each
+    negative's share of correctly ordered pairs (its placement), over the number of positives and negatives.
+    None with one class only; the error is 0 with one row of either class."""
     scores = np.asarray(scores, dtype=np.float64)
     positive = np.asarray(labels, dtype=np.float64) >= 0.5
     n_pos, n_neg = int(positive.sum()), int((~positive).sum())
     if n_pos == 0 or n_neg == 0:
         return None
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores), dtype=np.float64)
-    sorted_scores = scores[order]
-    i = 0
-    while i < len(scores):  # average ranks over ties
-        j = i
-        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    ranks = _midranks(scores)
+    # a positive's placement: the share of negatives scored below it (ties count half), from its rank among all
+    # rows less its rank among the positives; a negative's: the share of positives scored above it
+    pos_place = (ranks[positive] - _midranks(scores[positive])) / n_neg
+    neg_place = 1 - (ranks[~positive] - _midranks(scores[~positive])) / n_pos
+    area = float(pos_place.mean())
+    var = (pos_place.var(ddof=1) / n_pos if n_pos > 1 else 0.0) + (neg_place.var(ddof=1) / n_neg if n_neg > 1 else 0.0)
+    return area, float(math.sqrt(var))
 
 
 def accuracy(scores, labels, threshold: float = 0.5) -> float:
@@ -48,11 +60,14 @@ def summarise(final, targets, prefix: dict[float, list[float]] | None = None) ->
     out = {
         "n": int(len(final)),
         "mse": float(((final - targets) ** 2).mean()),
-        "auroc": auroc(final, targets),
+        "auroc": None,
         "accuracy": accuracy(final, targets),
         "positive_rate": float((targets >= 0.5).mean()),
         "mean_reward": float(final.mean()),
     }
+    area = auroc_with_se(final, targets)
+    if area is not None:  # the standard error (DeLong): a 95% interval is auroc ± 1.96 se
+        out["auroc"], out["auroc_se"] = area
     for frac, values in (prefix or {}).items():
         out[f"accuracy_at_{int(round(frac * 100))}pct"] = accuracy(values, targets)
     return out

@@ -97,10 +97,12 @@ def test_cli_end_to_end_resume_and_report(tmp_path, saved_models):
     out = tmp_path / "run"
     args = ["eval", "toxicity", "--prompts", f"tiny={prompts}", "--field", "meta.text", "--lm", str(lm_dir),
             "--reward", str(rm_dir), "--beta", "5", "--beta", "50", "-n", "2", "-t", "3",
-            "--scorer", f"reward:{rm_dir}", "--eval-lm", str(lm_dir), "-o", str(out), "--threads", "1", "-q"]
+            "--scorer", f"reward:{rm_dir}", "--eval-lm", str(lm_dir), "-o", str(out), "--threads", "1", "-q",
+            "--no-compile"]
     runner = CliRunner()
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output + repr(result.exception)
+    assert json.loads((out / "config.json").read_text())["compile"] is False
     for name in ("generations.jsonl", "scores.jsonl", "fluency.jsonl", "metrics.json", "report.md", "config.json"):
         assert (out / name).exists(), name
     metrics = json.loads((out / "metrics.json").read_text())

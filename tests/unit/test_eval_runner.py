@@ -317,3 +317,45 @@ def test_cuda_without_a_gpu_is_a_config_error(tmp_path, prompt_file, lm, tokeniz
     runner = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, device="cuda")
     with pytest.raises(ConfigError, match="no CUDA GPU"):
         runner.generate()
+
+
+def test_a_compiled_run_writes_the_eager_runs_continuations(tmp_path, prompt_file, tokenizer, reward_model, eval_lm,
+                                                           inductor_cache, monkeypatch):
+    """The eager run (compile off) and a run whose config leaves compile to steerkit, on a device where compiling pays
+    (the CPU made to count as one): the same continuations, and each record says how it was made."""
+    import steerkit.compiling
+
+    lm = tiny_lm(tokenizer, seed=4)  # its own object: what a process has compiled is per model object
+    logs = []
+    eager = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="eager", betas=[40],
+                        compile=False)
+    eager.generate()
+    monkeypatch.setitem(steerkit.compiling.COMPILE_PAYS_AFTER_STEPS, "cpu", 1)
+    auto = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="auto", betas=[40])
+    auto.log = logs.append
+    auto.generate()
+    assert auto.config.compile is None and any("Compiling the decode step: 50 decode steps on cpu" in m for m in logs)
+    runs = [lines(tmp_path / out / "generations.jsonl") for out in ("eager", "auto")]
+    assert [r["continuations"] for r in runs[1]] == [r["continuations"] for r in runs[0]]
+    assert {r["compiled"] for r in runs[0]} == {False} and {r["compiled"] for r in runs[1]} == {True}
+    assert any(inductor_cache.iterdir())
+
+
+def test_eval_compiles_by_itself_only_where_its_decode_steps_pay(tmp_path, prompt_file, lm, tokenizer, reward_model,
+                                                                 eval_lm, monkeypatch):
+    import steerkit.compiling
+    from steerkit.compiling import compile_pays
+
+    assert compile_pays("cuda", 1600) and compile_pays("cuda:1", 10**6) and not compile_pays("cuda", 1599)
+    assert not compile_pays("cpu", 10**9) and not compile_pays(None, 10**9) and not compile_pays("mps", 10**9)
+    # 5 prompts x 2 settings, 7 continuations in batches of 3 (3 forwards a unit), 5 tokens: 150 decode steps
+    runner = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, betas=[5], num_continuations=7,
+                         batch_size=3)
+    todo = runner.pending()
+    assert len(todo) == 10 and runner.compile_choice(todo) is False  # the CPU
+    monkeypatch.setitem(steerkit.compiling.COMPILE_PAYS_AFTER_STEPS, "cpu", 150)
+    assert runner.compile_choice(todo) is True and runner.compile_choice(todo[1:]) is False
+    forced = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="forced", betas=[5],
+                         compile=False)
+    assert forced.compile_choice(forced.pending()) is False  # the config's choice stands
+    assert EvalConfig.from_dict({"prompts": [{"path": str(prompt_file)}], "compile": True}).compile is True

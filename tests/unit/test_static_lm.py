@@ -89,12 +89,6 @@ def _generate(lm, tokenizer, reward_model, **kw):
 
 
 @pytest.fixture
-def inductor_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    return tmp_path / "inductor"
-
-
-@pytest.fixture
 def fresh_lm(tokenizer):
     """The session's tiny LM rebuilt as a new object: what a process has compiled is per model object, so a test that
     counts compilations must not share its model with another test."""

@@ -5,13 +5,14 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import statistics
 
 import pytest
 import torch
 
 from steerkit.training.data import collate
 from steerkit.training.loss import cumulative_loss, final_rewards, last_token_loss
-from steerkit.training.metrics import accuracy, auroc, prefix_indices, summarise
+from steerkit.training.metrics import accuracy, auroc, auroc_with_se, prefix_indices, summarise
 
 
 def reference_cumulative_loss(per_text_rewards: list[list[float]], targets: list[float]) -> float:
@@ -107,6 +108,31 @@ def test_auroc_matches_pair_counting():
     assert accuracy([0.2, 0.7, 0.5], [0, 1, 0]) == pytest.approx(2 / 3)
     m = summarise([0.9, 0.1], [1.0, 0.0], {0.5: [0.6, 0.6]})
     assert m["mse"] == pytest.approx(0.01) and m["auroc"] == 1.0 and m["accuracy_at_50pct"] == 0.5
+
+
+def test_auroc_standard_error_is_delongs():
+    rng = random.Random(1)
+    scores = [round(rng.random(), 1) for _ in range(60)]  # ties
+    labels = [float(rng.random() < 0.4) for _ in range(60)]
+    pos = [s for s, y in zip(scores, labels) if y >= 0.5]
+    neg = [s for s, y in zip(scores, labels) if y < 0.5]
+    psi = lambda p, n: 1.0 if p > n else 0.5 if p == n else 0.0  # noqa: E731
+    v10 = [sum(psi(p, n) for n in neg) / len(neg) for p in pos]  # DeLong's placements, by pair counting
+    v01 = [sum(psi(p, n) for p in pos) / len(pos) for n in neg]
+    var = statistics.variance(v10) / len(pos) + statistics.variance(v01) / len(neg)
+    area, se = auroc_with_se(scores, labels)
+    assert area == pytest.approx(statistics.mean(v10)) and se == pytest.approx(math.sqrt(var))
+    assert summarise(scores, labels)["auroc_se"] == pytest.approx(se)
+    # and it is the spread a bootstrap over rows sees (200 resamples: within 25%)
+    boot = random.Random(2)
+    draws = []
+    while len(draws) < 200:
+        idx = [boot.randrange(60) for _ in range(60)]
+        got = auroc([scores[i] for i in idx], [labels[i] for i in idx])
+        if got is not None:
+            draws.append(got)
+    assert statistics.stdev(draws) == pytest.approx(se, rel=0.25)
+    assert auroc_with_se([0.3, 0.1], [1, 0]) == (1.0, 0.0)  # one row of each class: no spread to measure
 
 
 # -- checkpoints (kept here: fast, no model) ----------------------------------------------------------

@@ -1,0 +1,90 @@
+"""Reward models compared on one held-out set of a training config, on the same rows: each model's AUROC with its
+DeLong standard error, and each pair's difference with a 95% interval from a paired bootstrap over the rows.
+
+The rows, their tokens and the predictions are those ``steerkit train CONFIG --assess MODEL`` reports for the set
+(the config's reader, ``max_length`` and scoring path), so the AUROCs here equal the ones it prints. Two models
+scored on the same rows share most of their error, so the paired interval of their difference is narrower than
+the two standard errors suggest; an interval that holds 0 is a difference this set cannot tell from noise.
+
+    python benchmarks/compare_reward_auroc.py plugins/steerkit-toxicity/train.yaml --data-root DATA \\
+        --set "RTP held-out continuations" 0.2.0=DIR_A 0.4.0=plugins/steerkit-toxicity/steerkit_toxicity/model
+
+Writes ``--out`` (JSON) when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", type=Path, help="a steerkit train config whose eval section holds the set")
+    parser.add_argument("models", nargs="+", help="NAME=MODEL_DIR, two or more")
+    parser.add_argument("--set", required=True, help="the held-out set's name (its metrics name in --assess)")
+    parser.add_argument("--data-root", default=None)
+    parser.add_argument("--resamples", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    named = [m.split("=", 1) for m in args.models]
+    if len(named) < 2 or any(len(m) != 2 for m in named):
+        parser.error("give two or more models as NAME=MODEL_DIR")
+
+    import torch
+
+    from steerkit.rewards.kinds import kind_of
+    from steerkit.training.config import TrainConfig
+    from steerkit.training.data import tokenize
+    from steerkit.training.metrics import auroc, auroc_with_se, predict
+
+    torch.set_num_threads(1)
+    overrides = {"data_root": args.data_root} if args.data_root else None
+    config = TrainConfig.from_file(args.config, overrides=overrides)
+    dataset = config.read_dataset()
+    examples = [e for source, rows, _ in dataset.eval_sets if source.metrics_name == args.set for e in rows]
+    lengths = {source.max_length or config.max_length for source, _, _ in dataset.eval_sets
+               if source.metrics_name == args.set}
+    if not examples:
+        names = sorted({source.metrics_name for source, _, _ in dataset.eval_sets})
+        parser.error(f"no held-out set {args.set!r} in {args.config}; it has: {', '.join(names)}")
+    (max_length,) = lengths
+    labels = [e.label for e in examples]
+    scores = {}
+    for name, directory in named:
+        model = kind_of(directory).model_class.from_pretrained(directory).eval()
+        rows = tokenize(model.tokenizer, [e.text[: 32 * max_length] for e in examples], max_length)
+        scores[name] = predict(model, rows, batch_size=config.eval_batch_size)[0]
+        area, se = auroc_with_se(scores[name], labels)
+        print(f"{name}: AUROC {area:.4f} ± {se:.4f} (DeLong SE) on {len(labels)} rows", flush=True)
+    rng = random.Random(args.seed)
+    draws = [[rng.randrange(len(labels)) for _ in labels] for _ in range(args.resamples)]
+    pairs = []
+    for (a, _), (b, _) in itertools.combinations(named, 2):
+        diffs = []
+        for idx in draws:
+            y = [labels[i] for i in idx]
+            first, second = auroc([scores[a][i] for i in idx], y), auroc([scores[b][i] for i in idx], y)
+            if first is not None and second is not None:
+                diffs.append(second - first)
+        diffs.sort()
+        lo, hi = diffs[int(0.025 * len(diffs))], diffs[int(0.975 * len(diffs)) - 1]
+        diff = auroc(scores[b], labels) - auroc(scores[a], labels)
+        pairs.append({"a": a, "b": b, "difference": diff, "interval95": [lo, hi]})
+        print(f"{b} - {a}: {diff:+.4f}, 95% interval [{lo:+.4f}, {hi:+.4f}] (paired bootstrap, {len(diffs)} resamples)")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({
+            "config": str(args.config), "set": args.set, "rows": len(labels),
+            "positive_rate": sum(y >= 0.5 for y in labels) / len(labels),
+            "models": {name: {"dir": directory, "auroc": auroc_with_se(scores[name], labels)[0],
+                              "auroc_se": auroc_with_se(scores[name], labels)[1]} for name, directory in named},
+            "pairs": pairs, "resamples": args.resamples, "seed": args.seed}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
