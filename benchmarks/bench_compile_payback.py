@@ -15,6 +15,10 @@ a mode's first unit includes its one-off costs (for the compiled mode: compiling
     python benchmarks/bench_compile_payback.py --cold             # CPU, ~5 min; benchmarks/results/bench_compile_payback.json
     python benchmarks/bench_compile_payback.py --device cuda --cold --out benchmarks/results/bench_compile_payback_gpu.json
 
+On a GPU machine without the packaged models (this workplace's: no hub, 64 MiB of files), ``--random-weights
+--template DIR`` runs SmolLM2's architecture with random weights as ``bench_gpu.py`` does, and ``--reward`` takes the
+reward model's directory (``plugins/steerkit-toxicity/steerkit_toxicity/model``); ``benchmarks/gpu_checks.sh`` does so.
+
 ``steerkit.compiling.COMPILE_PAYS_AFTER_STEPS`` (what ``steerkit eval`` compiles by itself after) is read off these
 runs (docs/performance.md, "When compiling pays").
 """
@@ -59,11 +63,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=25)
     parser.add_argument("--tokens", type=int, default=20)
     parser.add_argument("--prompts", type=int, default=5, help="units per mode (the first one includes compiling)")
-    parser.add_argument("--reward", default="toxicity")
+    parser.add_argument("--reward", default="toxicity", help="a reward name, or a reward model directory")
     parser.add_argument("--beta", type=float, default=-20.0)
     parser.add_argument("--k", type=int, default=20)
     parser.add_argument("--lm", default="smollm2-135m-instruct")
     parser.add_argument("--cold", action="store_true", help="compile in an empty inductor cache (a first run)")
+    parser.add_argument("--random-weights", action="store_true", help="SmolLM2's architecture, random weights")
+    parser.add_argument("--template", type=Path, help="config and tokenizer files of the LM (--random-weights)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_compile_payback.json")
     args = parser.parse_args()
     if args.prompts < 2:
@@ -76,6 +82,13 @@ def main() -> None:
     from steerkit.models import load_causal_lm_cached
 
     torch.set_num_threads(1)
+    if args.random_weights:
+        if args.template is None or args.lm != "smollm2-135m-instruct":
+            parser.error("--random-weights needs --template and the default --lm")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_gpu import random_weights_entry
+
+        random_weights_entry(args.template)
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
     model, tokenizer, _ = load_causal_lm_cached(args.lm)
@@ -89,7 +102,7 @@ def main() -> None:
     same = sum(a == b for a, b in zip(eager.pop("texts"), compiled.pop("texts")))
     result = {"benchmark": "bench_compile_payback", "device": args.device, "lm": args.lm, "reward": args.reward,
               "beta": args.beta, "k": args.k, "rows": args.rows, "tokens": args.tokens, "units_per_mode": args.prompts,
-              "cold_inductor_cache": args.cold, "torch": torch.__version__, "torch_threads": 1,
+              "cold_inductor_cache": args.cold, "random_weights": args.random_weights, "torch": torch.__version__, "torch_threads": 1,
               "machine": platform.processor() or platform.machine(), "python": sys.version.split()[0],
               "load_average_before": load_before, "load_average_after": os.getloadavg(),
               "eager": eager, "compiled": compiled, "step_speedup": eager["step_s"] / compiled["step_s"],
