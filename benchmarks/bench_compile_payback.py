@@ -12,8 +12,9 @@ a mode's first unit includes its one-off costs (for the compiled mode: compiling
   step is not faster;
 - whether every compiled unit gave the eager unit's texts (same seeds).
 
-    python benchmarks/bench_compile_payback.py --cold             # CPU, ~5 min; benchmarks/results/bench_compile_payback.json
-    python benchmarks/bench_compile_payback.py --device cuda --cold --out benchmarks/results/bench_compile_payback_gpu.json
+    python benchmarks/bench_compile_payback.py --cold    # CPU, ~5 min; benchmarks/results/bench_compile_payback.json
+    python benchmarks/bench_compile_payback.py --device cuda --cold \
+        --out benchmarks/results/bench_compile_payback_gpu.json
 
 On a GPU machine without the packaged models (this workplace's: no hub, 64 MiB of files), ``--random-weights
 --template DIR`` runs SmolLM2's architecture with random weights as ``bench_gpu.py`` does, and ``--reward`` takes the
@@ -102,7 +103,8 @@ def main() -> None:
     same = sum(a == b for a, b in zip(eager.pop("texts"), compiled.pop("texts")))
     result = {"benchmark": "bench_compile_payback", "device": args.device, "lm": args.lm, "reward": args.reward,
               "beta": args.beta, "k": args.k, "rows": args.rows, "tokens": args.tokens, "units_per_mode": args.prompts,
-              "cold_inductor_cache": args.cold, "random_weights": args.random_weights, "torch": torch.__version__, "torch_threads": 1,
+              "cold_inductor_cache": args.cold, "random_weights": args.random_weights, "torch": torch.__version__,
+              "torch_threads": 1,
               "machine": platform.processor() or platform.machine(), "python": sys.version.split()[0],
               "load_average_before": load_before, "load_average_after": os.getloadavg(),
               "eager": eager, "compiled": compiled, "step_speedup": eager["step_s"] / compiled["step_s"],

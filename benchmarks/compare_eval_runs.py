@@ -12,7 +12,8 @@ toxicity and of the median perplexity, with a 95% interval from a paired bootstr
 directory, or an archived one whose ``run.tar.gz`` holds ``scores.jsonl`` and ``fluency.jsonl``
 (docs/results/...). An interval that holds 0 is a difference these prompts cannot tell from noise.
 
-    python benchmarks/compare_eval_runs.py docs/results/v2/toxicity docs/results/v4/toxicity --names 0.2.0 0.4.0 --paired
+    python benchmarks/compare_eval_runs.py docs/results/v2/toxicity docs/results/v4/toxicity \
+        --names 0.2.0 0.4.0 --paired
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ def paired_table(a: Path, b: Path, names: tuple[str, str], resamples: int = 2000
         lo, hi = diffs[int(0.025 * resamples)], diffs[int(0.975 * resamples) - 1]
         digits = 2 if measure == "perplexity" else 3
         what = "median ppl" if measure == "perplexity" else f"{measure}: avg max"
-        lines.append(f"| {setting} | {what} | {len(prompts)} | {va:.{digits}f} | {vb:.{digits}f} | {vb - va:+.{digits}f} "
-                     f"| [{lo:+.{digits}f}, {hi:+.{digits}f}] |")
+        lines.append(f"| {setting} | {what} | {len(prompts)} | {va:.{digits}f} | {vb:.{digits}f} "
+                     f"| {vb - va:+.{digits}f} | [{lo:+.{digits}f}, {hi:+.{digits}f}] |")
     return "\n".join(lines)
 
 
@@ -117,7 +118,8 @@ def main() -> None:
     parser.add_argument("a", type=Path)
     parser.add_argument("b", type=Path)
     parser.add_argument("--names", nargs=2, default=["A", "B"])
-    parser.add_argument("--paired", action="store_true", help="add B − A with paired-bootstrap intervals over prompts")
+    parser.add_argument("--paired", action="store_true",
+                        help="add B − A with paired-bootstrap intervals over prompts")
     args = parser.parse_args()
     print(table(args.a, args.b, tuple(args.names)))
     if args.paired:
