@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
-import tarfile
 from pathlib import Path
+
+from compare_token_steering import read_records  # a run directory's JSONL file, or its archive's
+
+from steerkit.evaluation.metrics import average_max_toxicity, median_perplexity
 
 HEADLINE = {"toxicity": ("avg_max_toxicity", "toxic_rate"), "sentiment": ("positive_rate", "mean_sentiment")}
 
@@ -59,42 +61,37 @@ def table(a: Path, b: Path, names: tuple[str, str]) -> str:
     return f"Each cell: {names[0]} → {names[1]}.\n\n" + "\n".join(lines)
 
 
-def _records(run: Path, name: str) -> list[dict]:
-    """The JSONL records of ``name`` in a run directory, or in its archived ``run.tar.gz``."""
-    if (run / name).exists():
-        return [json.loads(line) for line in (run / name).read_text().splitlines() if line.strip()]
-    with tarfile.open(run / "run.tar.gz") as tar:
-        member = next(m for m in tar.getmembers() if Path(m.name).name == name)
-        return [json.loads(line) for line in tar.extractfile(member).read().decode().splitlines() if line.strip()]
-
-
 def _per_prompt(run: Path) -> dict:
     """``{(setting, measure): {(prompt_set, index): values}}``: each scorer's scores (measure: the scorer's name) and
     the perplexities (measure ``"perplexity"``) of one prompt's continuations."""
     out: dict = {}
-    for r in _records(run, "scores.jsonl"):
+    for r in read_records(run, "scores.jsonl"):
         out.setdefault((r["setting"], r["scorer"]), {})[(r["prompt_set"], r["index"])] = r["scores"]
-    for r in _records(run, "fluency.jsonl"):
+    for r in read_records(run, "fluency.jsonl"):
         out.setdefault((r["setting"], "perplexity"), {})[(r["prompt_set"], r["index"])] = r["perplexities"]
     return out
 
 
 def _statistic(measure: str, groups: list[list[float]]) -> float:
-    if measure == "perplexity":  # the median over every continuation, as the eval report's
-        return statistics.median(v for g in groups for v in g)
-    return statistics.fmean(max(g) for g in groups)  # average maximum toxicity over prompts
+    """The eval report's figure: the median perplexity over every continuation, or the average maximum toxicity."""
+    if measure == "perplexity":
+        return median_perplexity([v for g in groups for v in g])
+    return average_max_toxicity(groups)
 
 
 def paired_table(a: Path, b: Path, names: tuple[str, str], resamples: int = 2000, seed: int = 0) -> str:
     """B − A per (setting, measure) with a paired bootstrap 95% interval over the shared prompts."""
     runs = [_per_prompt(a), _per_prompt(b)]
+    # the toxicity scorers: those whose metrics in the report have an average maximum toxicity
+    results = json.loads((a / "metrics.json").read_text())["results"]
+    measures = {"perplexity"} | {name for r in results for name, m in r["scorers"].items() if "avg_max_toxicity" in m}
     lines = [f"{names[1]} − {names[0]}, 95% interval of a paired bootstrap over prompts ({resamples} resamples):", "",
              "| setting | measure | prompts | " + f"{names[0]} | {names[1]} | difference | 95% interval |",
              "|---|---|---:|---:|---:|---:|---|"]
     for key in sorted(set(runs[0]) & set(runs[1])):
         setting, measure = key
         prompts = sorted(set(runs[0][key]) & set(runs[1][key]))
-        if not prompts or not (measure == "perplexity" or "tox" in measure.lower() or "profan" in measure.lower()):
+        if not prompts or measure not in measures:
             continue
         groups = [[runs[i][key][p] for p in prompts] for i in (0, 1)]
         va, vb = (_statistic(measure, g) for g in groups)

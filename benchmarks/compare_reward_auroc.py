@@ -39,28 +39,28 @@ def main() -> None:
 
     from steerkit.rewards.kinds import kind_of
     from steerkit.training.config import TrainConfig
-    from steerkit.training.data import tokenize
+    from steerkit.training.loop import tokenize_examples
     from steerkit.training.metrics import auroc, auroc_with_se, predict
 
     torch.set_num_threads(1)
     overrides = {"data_root": args.data_root} if args.data_root else None
     config = TrainConfig.from_file(args.config, overrides=overrides)
     dataset = config.read_dataset()
-    examples = [e for source, rows, _ in dataset.eval_sets if source.metrics_name == args.set for e in rows]
-    lengths = {source.max_length or config.max_length for source, _, _ in dataset.eval_sets
-               if source.metrics_name == args.set}
-    if not examples:
+    # the set's sources (a pooled set may have several), each read at its own max_length, as --assess does
+    parts = [(rows, source.max_length or config.max_length) for source, rows, _ in dataset.eval_sets
+             if source.metrics_name == args.set]
+    if not parts:
         names = sorted({source.metrics_name for source, _, _ in dataset.eval_sets})
         parser.error(f"no held-out set {args.set!r} in {args.config}; it has: {', '.join(names)}")
-    (max_length,) = lengths
-    labels = [e.label for e in examples]
-    scores = {}
+    labels = [e.label for rows, _ in parts for e in rows]
+    scores, measured = {}, {}
     for name, directory in named:
         model = kind_of(directory).model_class.from_pretrained(directory).eval()
-        rows = tokenize(model.tokenizer, [e.text[: 32 * max_length] for e in examples], max_length)
-        scores[name] = predict(model, rows, batch_size=config.eval_batch_size)[0]
-        area, se = auroc_with_se(scores[name], labels)
-        print(f"{name}: AUROC {area:.4f} ± {se:.4f} (DeLong SE) on {len(labels)} rows", flush=True)
+        tokens = [row for rows, length in parts for row in tokenize_examples(model.tokenizer, rows, length)]
+        scores[name] = predict(model, tokens, batch_size=config.eval_batch_size)[0]
+        measured[name] = auroc_with_se(scores[name], labels)
+        print(f"{name}: AUROC {measured[name][0]:.4f} ± {measured[name][1]:.4f} (DeLong SE) on {len(labels)} rows",
+              flush=True)
     rng = random.Random(args.seed)
     draws = [[rng.randrange(len(labels)) for _ in labels] for _ in range(args.resamples)]
     pairs = []
@@ -68,12 +68,12 @@ def main() -> None:
         diffs = []
         for idx in draws:
             y = [labels[i] for i in idx]
-            first, second = auroc([scores[a][i] for i in idx], y), auroc([scores[b][i] for i in idx], y)
-            if first is not None and second is not None:
-                diffs.append(second - first)
+            first = auroc([scores[a][i] for i in idx], y)
+            if first is not None:  # None: the resample drew one class only (the same for both models)
+                diffs.append(auroc([scores[b][i] for i in idx], y) - first)
         diffs.sort()
         lo, hi = diffs[int(0.025 * len(diffs))], diffs[int(0.975 * len(diffs)) - 1]
-        diff = auroc(scores[b], labels) - auroc(scores[a], labels)
+        diff = measured[b][0] - measured[a][0]
         pairs.append({"a": a, "b": b, "difference": diff, "interval95": [lo, hi]})
         print(f"{b} - {a}: {diff:+.4f}, 95% interval [{lo:+.4f}, {hi:+.4f}] (paired bootstrap, {len(diffs)} resamples)")
     if args.out:
@@ -81,10 +81,9 @@ def main() -> None:
         args.out.write_text(json.dumps({
             "config": str(args.config), "set": args.set, "rows": len(labels),
             "positive_rate": sum(y >= 0.5 for y in labels) / len(labels),
-            "models": {name: {"dir": directory, "auroc": auroc_with_se(scores[name], labels)[0],
-                              "auroc_se": auroc_with_se(scores[name], labels)[1]} for name, directory in named},
+            "models": {name: {"dir": directory, "auroc": measured[name][0], "auroc_se": measured[name][1]}
+                       for name, directory in named},
             "pairs": pairs, "resamples": args.resamples, "seed": args.seed}, indent=1))
-
 
 if __name__ == "__main__":
     main()

@@ -177,8 +177,9 @@ class EvalRunner:
             records = map(record, todo)
         else:  # each actor loads the models from the config's references, on the executor's device if it has one
             device = getattr(self.executor, "device", None)
-            overrides = {"compile": compile} if device in (None, self.config.device) else \
-                {"device": device, "compile": compile}
+            overrides = {"compile": compile}
+            if device not in (None, self.config.device):
+                overrides["device"] = device
             config = self.config.with_overrides(overrides)
             records = self.executor.map(todo, partial(UnitGenerator, config))
         done = 0

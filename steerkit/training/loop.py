@@ -107,17 +107,19 @@ class Tokenized:
     eval_sets: list[list[list[int]]]
 
 
+def tokenize_examples(tokenizer, examples, max_length: int) -> list[list[int]]:
+    """The examples' texts as token rows of at most ``max_length`` (what training and its metrics read)."""
+    # a token spans at least one character: cutting far beyond max_length tokens changes nothing kept
+    return tokenize(tokenizer, [e.text[: 32 * max_length] for e in examples], max_length)
+
+
 def tokenize_dataset(model, dataset, config) -> Tokenized:
     """Every text of ``dataset`` tokenized with ``model``'s tokenizer (a held-out set at its own max_length)."""
     tok = model.tokenizer
-
-    def run(examples, max_length):
-        # a token spans at least one character: cutting far beyond max_length tokens changes nothing kept
-        return tokenize(tok, [e.text[: 32 * max_length] for e in examples], max_length)
-
     return Tokenized(
-        run(dataset.train, config.max_length), run(dataset.dev, config.max_length),
-        [run(ex, src.max_length or config.max_length) for src, ex, _ in dataset.eval_sets])
+        tokenize_examples(tok, dataset.train, config.max_length),
+        tokenize_examples(tok, dataset.dev, config.max_length),
+        [tokenize_examples(tok, ex, src.max_length or config.max_length) for src, ex, _ in dataset.eval_sets])
 
 
 def label_loss(model, rows: list[list[int]], labels: list[float], loss_fn, device) -> torch.Tensor:

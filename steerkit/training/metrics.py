@@ -57,17 +57,17 @@ def accuracy(scores, labels, threshold: float = 0.5) -> float:
 def summarise(final, targets, prefix: dict[float, list[float]] | None = None) -> dict:
     """All metrics for one set of predictions."""
     final, targets = np.asarray(final, dtype=np.float64), np.asarray(targets, dtype=np.float64)
+    area = auroc_with_se(final, targets)
     out = {
         "n": int(len(final)),
         "mse": float(((final - targets) ** 2).mean()),
-        "auroc": None,
+        "auroc": None if area is None else area[0],
         "accuracy": accuracy(final, targets),
         "positive_rate": float((targets >= 0.5).mean()),
         "mean_reward": float(final.mean()),
     }
-    area = auroc_with_se(final, targets)
     if area is not None:  # the standard error (DeLong): a 95% interval is auroc ± 1.96 se
-        out["auroc"], out["auroc_se"] = area
+        out["auroc_se"] = area[1]
     for frac, values in (prefix or {}).items():
         out[f"accuracy_at_{int(round(frac * 100))}pct"] = accuracy(values, targets)
     return out
