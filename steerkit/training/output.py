@@ -45,11 +45,33 @@ def check_output_dir(output: Path, overwrite: bool) -> None:
                                 "to replace it, or choose another --output (-o / output_dir).")
 
 
+def portable_path(source, config: TrainConfig) -> str:
+    """A data or evaluation source's path as a model's files record it: one that sits next to the config
+    (``relative_to: config``, made absolute when the config was read) relative to the config's directory, as the
+    config wrote it (:func:`~steerkit.training.card.shown_path`); a path under ``data_root`` as it is."""
+    from .card import shown_path
+
+    return shown_path(source.path, config) if source.relative_to == "config" else source.path
+
+
+def portable_stats(pairs, config: TrainConfig) -> list[dict]:
+    """``[(source, SourceStats)]`` as metrics.json records them, each path by :func:`portable_path`."""
+    return [{**vars(stats), "path": portable_path(source, config)} for source, stats in pairs]
+
+
 def portable_config(config: TrainConfig) -> dict:
-    """The config as written into the output (machine-specific absolute paths dropped)."""
+    """The config as written into the output: no path of this machine (the directories by their names, the sources
+    beside the config relative to it)."""
+    from .card import shown_path
+
     data = config.model_dump(mode="json")
     for key in ("data_root", "output_dir", "checkpoint_dir", "card"):
         data[key] = None if data.get(key) is None else Path(data[key]).name
+    if data.get("cross_source"):
+        data["cross_source"] = shown_path(data["cross_source"], config)
+    for key, sources in (("data", config.data), ("eval", config.eval)):
+        for written, source in zip(data[key], sources):
+            written["path"] = portable_path(source, config)
     return data
 
 

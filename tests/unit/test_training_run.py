@@ -179,6 +179,28 @@ def test_head_and_full_methods_save_and_load(workspace):
         assert model.config.method == method and len(model.score_texts(["so much fun"])) == 1
 
 
+def test_model_files_record_no_path_of_this_machine(workspace):
+    """A source beside the config (``relative_to: config``) is recorded as the config wrote it, relative to the
+    config's directory, in training_config.json and metrics.json; the data root and output by their names."""
+    from steerkit.training import TrainConfig, train
+
+    beside = workspace / "configs"
+    beside.mkdir(exist_ok=True)
+    path = write_config(workspace, "portable", steps=3, checkpoint_every=100,
+                        eval=[{"path": "../test.txt", "relative_to": "config", "label_value": 1, "name": "beside"}])
+    moved = beside / path.name
+    path.replace(moved)
+    config = TrainConfig.from_file(moved)
+    assert config.eval[0].path == str(beside / "../test.txt")  # read from where it is
+    out = train(config, progress=False).output_dir
+    recorded = {name: (out / name).read_text(encoding="utf-8") for name in ("training_config.json", "metrics.json")}
+    for name, text in recorded.items():  # (the backbone stays as given: a directory here, a name when shipped)
+        assert str(beside) not in text and f'"{workspace}"' not in text, name
+    assert json.loads(recorded["training_config.json"])["eval"][0]["path"] == "../test.txt"
+    assert json.loads(recorded["metrics.json"])["eval_data"][0]["path"] == "../test.txt"
+    assert json.loads(recorded["metrics.json"])["data"][0]["path"] == "reviews.jsonl"
+
+
 def test_cli_reports_bad_data_with_exit_code_2_and_keeps_the_existing_model(workspace):
     bad = workspace / "bad.csv"
     bad.write_text("text,label\nfine,1\nbroken,1.7\n", encoding="utf-8")
