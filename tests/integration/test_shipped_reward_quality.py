@@ -43,12 +43,12 @@ FLOORS = {
         "lowercased tokenized, positive": 11 / 12, "lowercased tokenized, negative": 10 / 12,
         "normal casing, positive": 11 / 12, "normal casing, negative": 10 / 12, "negation": 6 / 12,
     },
-    # token-level, 0.3.0 data recipe (counter-speech grammar): measured 6/12, 3/12, 12/12, 7/12, 11/12, 12/12, 12/12
-    # and 5/12 in other wording (with the fixed frames: 3, 0, 12, 10, 12, 12, 12, 10; 0.2.0: 1, 0, 12, 9, 12, 12, 12).
-    # It flags more hate than with the fixed frames and leaves less counter-speech low (model card).
+    # token-level 0.6.0 (0.3.0's data recipe, counter-speech grammar, 3,000 steps): measured 8/12, 4/12, 12/12, 12/12,
+    # 11/12, 12/12, 12/12 and 6/12 in other wording (0.3.0, 1,000 steps: 6, 3, 12, 7, 11, 12, 12, 5; with the fixed
+    # frames: 3, 0, 12, 10, 12, 12, 12, 10; 0.2.0: 1, 0, 12, 9, 12, 12, 12). Floors: one case under the measurement.
     "toxicity-token": {
-        "implicit derogation": 5 / 12, "negated positive": 2 / 12, "spelling variants": 11 / 12,
-        "counter-speech": 6 / 12, "counter-speech, other wording": 4 / 12, "neutral identity": 10 / 12,
+        "implicit derogation": 7 / 12, "negated positive": 3 / 12, "spelling variants": 11 / 12,
+        "counter-speech": 11 / 12, "counter-speech, other wording": 5 / 12, "neutral identity": 10 / 12,
         "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
     },
     # token-level, distilled from `toxicity` (a steering reward, weaker on text): measured 0/12, 0/12, 12/12, 3/12,
@@ -110,7 +110,7 @@ def _card_metrics(name: str) -> dict:
     ("toxicity", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),  # 0.5.0: measured 0.982 (0.4.0: 0.978)
     ("toxicity", "RTP held-out continuations", "auroc", 0.93),  # issue 26's floor; 0.5.0 measured 0.949
     ("sentiment", "SST-2 test", "accuracy", 0.87),
-    ("toxicity-token", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.96),  # 4 layers; 0.3.0 measured 0.965
+    ("toxicity-token", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),  # 0.6.0: 0.977 (0.3.0: 0.965)
     ("sentiment-token", "SST-2 test", "accuracy", 0.81),  # 4 layers, 1600 steps; measured 0.821
     ("toxicity-token-distilled", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.93),  # measured 0.936
 ])
