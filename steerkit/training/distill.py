@@ -29,7 +29,7 @@ from .distill_data import SAMPLES_NAME, SAMPLES_STATE, agreement, candidate_pred
 from .loop import DevMonitor, TrainingLoop, label_loss, prepare_dirs, tokenize_dataset
 from .loss import LOSSES
 from .metrics import final_metrics
-from .output import portable_stats, write_output
+from .output import portable_data, write_output
 from .runtime import hardware, log
 
 
@@ -73,8 +73,7 @@ def train_distilled(config, *, resume: bool, overwrite: bool, progress: bool, ca
         "trainable_parameters": run.trainable, "loss": "distillation (MSE on top-k)"
         + (f" + {label_weight} x {config.loss}" if label_weight else ""), "max_length": config.max_length,
         "lr": config.learning_rate, "seed": config.seed}
-    metrics["data"] = portable_stats(zip(dataset.sources, dataset.stats), config)
-    metrics["eval_data"] = portable_stats(((source, s) for source, _, s in dataset.eval_sets), config)
+    metrics.update(portable_data(dataset, config))
     metrics["history"] = run.state.history
     written = write_output(model, config, metrics, overwrite=overwrite)
     loop.finish(extra_files=(SAMPLES_NAME, SAMPLES_STATE))

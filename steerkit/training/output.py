@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError, ConfigError, OutputExistsError
 from ..rewards.model import CONFIG_NAME, RewardModel
+from .card import shown_path
 from .checkpoint import has_checkpoints, remove_checkpoints
 from .config import TrainConfig
 
@@ -49,21 +50,22 @@ def portable_path(source, config: TrainConfig) -> str:
     """A data or evaluation source's path as a model's files record it: one that sits next to the config
     (``relative_to: config``, made absolute when the config was read) relative to the config's directory, as the
     config wrote it (:func:`~steerkit.training.card.shown_path`); a path under ``data_root`` as it is."""
-    from .card import shown_path
-
     return shown_path(source.path, config) if source.relative_to == "config" else source.path
 
 
-def portable_stats(pairs, config: TrainConfig) -> list[dict]:
-    """``[(source, SourceStats)]`` as metrics.json records them, each path by :func:`portable_path`."""
-    return [{**vars(stats), "path": portable_path(source, config)} for source, stats in pairs]
+def portable_data(dataset, config: TrainConfig) -> dict:
+    """metrics.json's ``data`` and ``eval_data``: each training and evaluation source's statistics, its path by
+    :func:`portable_path`."""
+    def records(pairs) -> list[dict]:
+        return [{**vars(stats), "path": portable_path(source, config)} for source, stats in pairs]
+
+    return {"data": records(zip(dataset.sources, dataset.stats)),
+            "eval_data": records((source, stats) for source, _, stats in dataset.eval_sets)}
 
 
 def portable_config(config: TrainConfig) -> dict:
     """The config as written into the output: no path of this machine (the directories by their names, the sources
     beside the config relative to it)."""
-    from .card import shown_path
-
     data = config.model_dump(mode="json")
     for key in ("data_root", "output_dir", "checkpoint_dir", "card"):
         data[key] = None if data.get(key) is None else Path(data[key]).name

@@ -36,7 +36,7 @@ from .data import Dataset, epoch_indices, length_grouped_batches
 from .loss import LOSSES
 from .loop import Callbacks, DevMonitor, Tokenized, TrainingLoop, label_loss, prepare_dirs, tokenize_dataset
 from .loop import learning_rate, trainable_parameters  # noqa: F401 (their home until the loop had one)
-from .output import portable_stats, write_output
+from .output import portable_data, write_output
 from .metrics import final_metrics
 from .runtime import hardware, log
 
@@ -208,8 +208,7 @@ def _data_metrics(dataset: Dataset, config: TrainConfig, augmented, history: lis
     """metrics.json's account of the data: per source, the held-out sets, augmentation, and the loss history."""
     added, lexicon = augmented
     return {
-        "data": portable_stats(zip(dataset.sources, dataset.stats), config),
-        "eval_data": portable_stats(((source, s) for source, _, s in dataset.eval_sets), config),
+        **portable_data(dataset, config),
         "removed_eval_overlap": dataset.removed_overlap,
         "augmentation": {"views": [v.model_dump() for v in config.augment.views], "copies": len(added),
                          "obfuscation_lexicon_size": len(lexicon), "obfuscation_lexicon_sample": lexicon[:40]},
