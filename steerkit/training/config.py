@@ -30,6 +30,9 @@ DATA_ROOT_ENV = "STEERKIT_DATA_ROOT"
 DEFAULT_LR = {"head": 1e-3, "lora": 5e-4, "full": 5e-5}
 #: what ``data_from: OTHER.yaml`` takes from the other config (keys set in this file win)
 DATA_KEYS = ("data_root", "data", "eval", "dev_fraction", "dev_max_per_source", "dedup", "augment")
+#: the other configs a config may take sections from, in order (a later one wins; keys set in the file win over all):
+#: ``data_from`` the data recipe, ``eval_from`` only the held-out sets (e.g. a newer config's, with an older recipe)
+INCLUDES = (("data_from", DATA_KEYS), ("eval_from", ("eval",)))
 _PATH_FIELDS = ("data_root", "output_dir", "checkpoint_dir", "card", "cross_source")
 
 
@@ -107,10 +110,13 @@ class TrainConfig(ValidatedConfig):
         path = Path(path)
         data = load_config_file(path)
         base = path.resolve().parent
-        include = data.pop("data_from", None)  # the data recipe of another config in this directory (token variants)
-        if isinstance(include, str):
-            shared = load_config_file(base / include)
-            data = {**{k: shared[k] for k in DATA_KEYS if k in shared}, **data}
+        shared: dict = {}  # sections of other configs in this directory (token variants, older recipes)
+        for key, sections in INCLUDES:
+            include = data.pop(key, None)
+            if isinstance(include, str):
+                other = load_config_file(base / include)
+                shared.update({k: other[k] for k in sections if k in other})
+        data = {**shared, **data}
         for key in _PATH_FIELDS:
             value = data.get(key)
             if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():

@@ -245,3 +245,19 @@ def test_data_from_takes_the_data_recipe_of_another_config(tmp_path):
     config = TrainConfig.from_file(tmp_path / "token.yaml")
     assert config.kind == "token" and [s.path for s in config.data] == ["a.txt"] and len(config.eval) == 1
     assert config.dev_fraction == 0.1 and config.data_root == str(tmp_path / "data")  # the file's own keys win
+
+
+def test_eval_from_takes_only_the_held_out_sets_of_another_config(tmp_path):
+    from steerkit.training import TrainConfig
+
+    (tmp_path / "old.yaml").write_text("output_dir: o\ndata: [{path: a.txt, label_value: 1}]\n"
+                                       "eval: [{path: old.txt, label_value: 0}]\n", encoding="utf-8")
+    (tmp_path / "new.yaml").write_text("output_dir: n\ndata: [{path: b.txt, label_value: 1}]\n"
+                                       "eval: [{path: new.txt, label_value: 0}]\n", encoding="utf-8")
+    (tmp_path / "token.yaml").write_text("data_from: old.yaml\neval_from: new.yaml\noutput_dir: tok\n",
+                                         encoding="utf-8")
+    config = TrainConfig.from_file(tmp_path / "token.yaml")
+    assert [s.path for s in config.data] == ["a.txt"] and [s.path for s in config.eval] == ["new.txt"]
+    (tmp_path / "own.yaml").write_text("eval_from: new.yaml\noutput_dir: own\ndata: [{path: c.txt, label_value: 1}]\n"
+                                       "eval: [{path: own.txt, label_value: 0}]\n", encoding="utf-8")
+    assert [s.path for s in TrainConfig.from_file(tmp_path / "own.yaml").eval] == ["own.txt"]  # the file's own wins
