@@ -10,6 +10,10 @@ The sequence reward is not run at the whole vocabulary: its block mask alone wou
 
     python benchmarks/bench_token_k.py                   # ~8 min on one thread of a 2-core CPU
     python benchmarks/bench_token_k.py --steps 4 --repeats 1 --out /tmp/quick.json
+    # the head on the LM's own state (issue 26 (d)) beside the others:
+    python benchmarks/bench_token_k.py --rewards toxicity,toxicity-token,toxicity-lm --token-layers 0 \
+        --sequence-max-k 200 --out benchmarks/results/bench_lm_state.json \
+        --plot docs/results/lm_state_step_time_vs_k.png
 
 Writes benchmarks/results/bench_token_k.json and, with matplotlib, docs/results/token_step_time_vs_k.png.
 """
@@ -88,6 +92,9 @@ def main():
     parser.add_argument("--token-layers", type=int, default=6,
                         help="also time an untrained token-level model of this depth (0: skip)")
     parser.add_argument("--sequence-max-k", type=int, default=1000, help="largest k run with the sequence reward")
+    parser.add_argument("--rewards", default="toxicity,toxicity-token",
+                        help="registered rewards to time, comma-separated")
+    parser.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
     parser.add_argument("--out", default=str(ROOT / "results" / "bench_token_k.json"))
     parser.add_argument("--plot", default=str(ROOT.parent / "docs" / "results" / "token_step_time_vs_k.png"))
     args = parser.parse_args()
@@ -95,13 +102,13 @@ def main():
     lm, tok, _ = load_causal_lm_cached("smollm2-135m-instruct")
     vocab = lm.config.vocab_size
     ks = [20, 50, 200, 1000, vocab]
-    rewards = {"toxicity": load_reward("toxicity"), "toxicity-token": load_reward("toxicity-token")}
+    rewards = {name: load_reward(name) for name in args.rewards.split(",") if name}
     if args.token_layers:  # the cost of a deeper token-level model (untrained: weights do not change the cost)
         deeper = TokenRewardModel.from_backbone("smollm2-135m-instruct", args.token_layers, name="deeper").eval()
         rewards[f"token, {args.token_layers} layers"] = TokenReward(deeper)
     load_before = os.getloadavg()
     results: dict = {}
-    for rows in (1, 8):
+    for rows in (int(b) for b in args.batches.split(",")):
         setting = f"batch {rows}"
         table = results[setting] = {"plain": {}, **{name: {} for name in rewards}}
         for k in ks:

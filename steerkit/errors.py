@@ -90,6 +90,12 @@ class VocabularyMismatchError(SteerkitError, ValueError):
     """A token-level reward model is used with a language model of another vocabulary (tokenizer family)."""
 
 
+class LMStateUnavailableError(SteerkitError, ValueError):
+    """A reward that reads the language model's own hidden state (``token_head.lm_state``) is used where that state
+    is not handed to rewards (transformers' ``generate``, vLLM, llama.cpp, the compiled step), or with another LM
+    than the one it was trained on."""
+
+
 class SteerkitWarning(UserWarning):
     """A setting that works but is probably not what you want (e.g. a very large k with a sequence reward)."""
 

@@ -300,6 +300,7 @@ def load_causal_lm(reference: str | os.PathLike, *, dtype=None, device: str | No
     model.eval()
     if device:
         model.to(device)
+    model.steerkit_fingerprint = source.fingerprint  # what a reward tied to this LM checks (token_head.lm_state)
     tokenizer = load_tokenizer(reference, source)
     return model, tokenizer, source
 

@@ -75,14 +75,15 @@ def tiny_reward(tokenizer, seed: int = 1, layers: int = 2, name: str = "tiny", *
     return rm
 
 
-def tiny_token_reward(tokenizer, seed: int = 1, rank=None, baseline=True, name: str = "tok"):
+def tiny_token_reward(tokenizer, seed: int = 1, rank=None, baseline=True, name: str = "tok", lm_state: bool = False):
     """A tiny token-level reward model (:class:`~steerkit.rewards.token.model.TokenRewardModel`) over all of a tiny
-    LM's layers, its head spread so that rewards differ."""
+    LM's layers, its head spread so that rewards differ. ``lm_state``: a head on the LM's own state
+    (:mod:`steerkit.rewards.token.lm_state`), tied to ``tiny_lm(tokenizer, seed=seed)``."""
     from .rewards.model_config import TokenHeadSettings
     from .rewards.token.model import TokenRewardModel
 
     rm = TokenRewardModel.from_causal_lm(tiny_lm(tokenizer, seed=seed), tokenizer, name=name,
-                                         head=TokenHeadSettings(rank=rank, baseline=baseline))
+                                         head=TokenHeadSettings(rank=rank, baseline=baseline, lm_state=lm_state))
     torch.manual_seed(seed + 100)
     for p in rm.head.parameters():  # spread the rewards (the default init starts W at 0)
         torch.nn.init.normal_(p, std=0.4)

@@ -121,7 +121,10 @@ class EngineCore:
         return out
 
     def _join_rewards(self, rows: list[Row]) -> dict:
-        return join_groups(self.groups, rows, self.tokenizer, strict=self.strict, name_of=self._names)
+        # the LM whose final hidden state this batch keeps, for rewards that read it (the static-shape step and
+        # llama.cpp keep none: such a reward's rows then fail to join, saying so)
+        lm = self.lm if getattr(self.batch, "supports_lm_state", False) else None
+        return join_groups(self.groups, rows, self.tokenizer, strict=self.strict, name_of=self._names, lm=lm)
 
     def remove(self, gone) -> dict:
         """Drop rows from the batch and every reward group; returns rows that broke while groups were rebuilt."""
@@ -167,7 +170,8 @@ class EngineCore:
             for key, group in self.groups.items():
                 if group.parts:
                     start = time.perf_counter()
-                    rho[key], errors = group.score(ids, where)
+                    state = self.batch.hidden if group.reads_state else None
+                    rho[key], errors = group.score(ids, where, state)
                     seconds[group.name] = time.perf_counter() - start
                     failed.update(errors)
             return rho

@@ -10,6 +10,8 @@ ids are per row (real tokens counted), so a row's positions do not depend on its
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from transformers import DynamicCache
 
@@ -18,10 +20,44 @@ from ..hf_compat import cache_kwargs
 
 
 class Prefilled:
-    """A newcomer's prompt run through the LM alone: its cache, length and next-token logits [1, V]."""
+    """A newcomer's prompt run through the LM alone: its cache, length, next-token logits [1, V] and the LM's final
+    hidden state [1, d] at its last position (None where the LM has no output layer to read it from)."""
 
-    def __init__(self, cache: DynamicCache, length: int, logits: torch.Tensor):
-        self.cache, self.length, self.logits = cache, length, logits
+    def __init__(self, cache: DynamicCache, length: int, logits: torch.Tensor, hidden: torch.Tensor | None = None):
+        self.cache, self.length, self.logits, self.hidden = cache, length, logits, hidden
+
+
+def lm_forward(model, **kwargs):
+    """``model(**kwargs)`` and the input of its output layer (the LM's final hidden state, after its last norm) at
+    the last position, [B, d]: what a reward that reads the LM's own state (``token_head.lm_state``,
+    :mod:`steerkit.rewards.token.lm_state`) scores from. Read by a pre-hook on ``get_output_embeddings()`` for this
+    call and this thread only (another thread's forward of the same model is not seen); it keeps a view the forward
+    made anyway (with ``logits_to_keep=1`` a prefill's is its last position only), so it costs no copy.
+    Returns ``(output, hidden or None)``; None where the model has no output layer module."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None:
+        return model(**kwargs), None
+    box: list = []
+    owner = threading.get_ident()
+
+    def keep(module, args):
+        if threading.get_ident() == owner:
+            box.append(args[0][:, -1])
+
+    handle = head.register_forward_pre_hook(keep)
+    try:
+        out = model(**kwargs)
+    finally:
+        handle.remove()
+    return out, (box[-1] if box else None)
+
+
+def _cat_hidden(parts: list, sizes: list[int]) -> torch.Tensor | None:
+    """Rows' hidden states [B_i, d] one after another; a part without one (None) gets zeros, or all are None."""
+    known = next((p for p in parts if p is not None), None)
+    if known is None:
+        return None
+    return torch.cat([p if p is not None else known.new_zeros((n, known.shape[-1])) for p, n in zip(parts, sizes)])
 
 
 def first_used_column(mask: torch.Tensor, default: int = 0) -> int:
@@ -56,13 +92,13 @@ class PrefillJob:
         input_ids = torch.tensor([self.ids[start:end]], dtype=torch.long, device=self.device)
         mask = torch.ones((1, end), dtype=torch.long, device=self.device)
         positions = torch.arange(start, end, device=self.device)[None, :]
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                         logits_to_keep=1, **cache_kwargs(self.model, self.cache))
+        out, hidden = lm_forward(self.model, input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                                 use_cache=True, logits_to_keep=1, **cache_kwargs(self.model, self.cache))
         self.done = end
         if end < len(self.ids):
             return None
         _check_full_attention(self.model, self.cache)
-        return Prefilled(self.cache, len(self.ids), out.logits[:, -1, :].float())
+        return Prefilled(self.cache, len(self.ids), out.logits[:, -1, :].float(), hidden)
 
 
 def _check_full_attention(model, cache: DynamicCache) -> None:
@@ -90,7 +126,11 @@ def _length_groups(rows_ids: list[list[int]]) -> list[list[int]]:
 
 class LMBatch:
     """The running rows' LM state: ``cache`` (a transformers ``DynamicCache`` [B, heads, T, d] per layer),
-    ``mask`` [B, T], next position ``pos`` [B] and the next-token ``logits`` [B, V] (float32)."""
+    ``mask`` [B, T], next position ``pos`` [B], the next-token ``logits`` [B, V] (float32) and the LM's final
+    hidden state at each row's last position, ``hidden`` [B, d] (:func:`lm_forward`)."""
+
+    #: the batch keeps ``hidden`` for rewards that read the LM's own state (the static-shape step does not)
+    supports_lm_state = True
 
     def __init__(self, model):
         self.model = model
@@ -102,6 +142,7 @@ class LMBatch:
         self.mask = torch.zeros((0, 0), dtype=torch.long, device=self.device)
         self.pos = torch.zeros(0, dtype=torch.long, device=self.device)
         self.logits: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -139,14 +180,14 @@ class LMBatch:
                                  device=self.device)  # the padding (masked) repeats a real token: any id would do
         lengths = torch.tensor([len(ids) for ids in rows_ids], device=self.device)
         mask = (torch.arange(width, device=self.device)[None, :] >= (width - lengths)[:, None]).long()
-        cache, _, logits = self._padded_forward(input_ids, mask)
+        cache, _, logits, hidden = self._padded_forward(input_ids, mask)
         _check_full_attention(self.model, cache)
         rows = []
         for b, ids in enumerate(rows_ids):
             own = DynamicCache(config=self.model.config)
             for i, layer in enumerate(cache.layers):
                 own.update(layer.keys[b:b + 1, :, width - len(ids):], layer.values[b:b + 1, :, width - len(ids):], i)
-            rows.append(Prefilled(own, len(ids), logits[b:b + 1]))
+            rows.append(Prefilled(own, len(ids), logits[b:b + 1], None if hidden is None else hidden[b:b + 1]))
         return rows
 
     def prefill_job(self, ids: list[int], chunk: int) -> "PrefillJob":
@@ -161,17 +202,17 @@ class LMBatch:
             raise RuntimeError("prefill_padded starts a batch: this one is running")
         enc = tokenizer.pad({"input_ids": rows_ids}, return_tensors="pt")
         mask = enc["attention_mask"].to(self.device)
-        self.cache, positions, self.logits = self._padded_forward(enc["input_ids"].to(self.device), mask)
+        self.cache, positions, self.logits, self.hidden = self._padded_forward(enc["input_ids"].to(self.device), mask)
         self.mask, self.pos = mask, positions[:, -1] + 1
 
     def _padded_forward(self, input_ids: torch.Tensor, mask: torch.Tensor):
         """One forward of left-padded prompts (``mask`` [B, T]: 0 on padding) into a fresh cache, positions counting
-        each row's real tokens: ``(cache, positions, last-position logits [B, V] float32)``."""
+        each row's real tokens: ``(cache, positions, last-position logits [B, V] float32, hidden [B, d] or None)``."""
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
-                         use_cache=True, logits_to_keep=1, **cache_kwargs(self.model, cache))
-        return cache, positions, out.logits[:, -1, :].float()
+        out, hidden = lm_forward(self.model, input_ids=input_ids, attention_mask=mask, position_ids=positions,
+                                 use_cache=True, logits_to_keep=1, **cache_kwargs(self.model, cache))
+        return cache, positions, out.logits[:, -1, :].float(), hidden
 
     def join(self, newcomers: list[Prefilled]) -> None:
         """Append prefilled rows after the running ones (left-padding every cache to the widest)."""
@@ -188,6 +229,9 @@ class LMBatch:
         self.mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0)) for _, m in parts])
         self.pos = torch.cat([self.pos, torch.tensor([p.length for p in newcomers], device=self.device)])
         logits = [p.logits for p in newcomers]
+        running = [] if self.cache is None else [self.hidden]
+        self.hidden = _cat_hidden(running + [p.hidden for p in newcomers],
+                                  [self.size - len(newcomers)] * len(running) + [1] * len(newcomers))
         self.logits = torch.cat(([self.logits] if self.cache is not None else []) + logits)
         self.cache = base
 
@@ -205,14 +249,16 @@ class LMBatch:
         self.mask = mask[:, start:]
         self.pos = self.pos.index_select(0, index)
         self.logits = self.logits.index_select(0, index)
+        self.hidden = None if self.hidden is None else self.hidden.index_select(0, index)
 
     @torch.no_grad()
     def advance(self, tokens: torch.Tensor) -> None:
         """Append each row's chosen token [B] and compute the next logits."""
         tokens = tokens.to(self.device)
         self.mask = torch.cat([self.mask, torch.ones((self.size, 1), dtype=self.mask.dtype, device=self.device)], 1)
-        out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.pos[:, None],
-                         use_cache=True, **cache_kwargs(self.model, self.cache))
+        out, self.hidden = lm_forward(self.model, input_ids=tokens[:, None], attention_mask=self.mask,
+                                      position_ids=self.pos[:, None], use_cache=True,
+                                      **cache_kwargs(self.model, self.cache))
         self.pos = self.pos + 1
         self.logits = out.logits[:, -1, :].float()
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..rewards.base import supports_row_changes
+from ..rewards.base import reads_lm_state, supports_row_changes
 from .rows import Row
 
 
@@ -41,16 +41,19 @@ class Part:
         return self._index[1]
 
 
-def join_groups(groups: dict, rows: list, tokenizer, *, strict: bool, name_of) -> dict:
+def join_groups(groups: dict, rows: list, tokenizer, *, strict: bool, name_of, lm=None) -> dict:
     """Add ``rows`` to the reward groups of ``groups`` (``{id(reward): RewardGroup}``), one group per reward their
     terms use (made on first use, named ``name_of(reward)``). Returns ``{row: exception}`` for rows that could not
-    join. The engine core and a host engine's batch (:mod:`steerkit.integrations.batch`) both join through it."""
+    join. The engine core and a host engine's batch (:mod:`steerkit.integrations.batch`) both join through it.
+    ``lm``: the LM whose final hidden state the caller hands to rewards that read it (the engine core's; a host
+    engine hands none, so such a reward's rows fail to join with
+    :class:`~steerkit.errors.LMStateUnavailableError`)."""
     by_reward: dict[int, list] = {}
     for row in rows:
         for reward in {id(t.reward): t.reward for t in row.terms}.values():
             by_reward.setdefault(id(reward), []).append(row)
             if id(reward) not in groups:
-                groups[id(reward)] = RewardGroup(name_of(reward), reward, tokenizer, strict)
+                groups[id(reward)] = RewardGroup(name_of(reward), reward, tokenizer, strict, lm=lm)
     failed: dict = {}
     for key, members in by_reward.items():
         failed.update(groups[key].join(members))
@@ -59,10 +62,14 @@ def join_groups(groups: dict, rows: list, tokenizer, *, strict: bool, name_of) -
 
 class RewardGroup:
     """One reward and its parts. Methods return ``{row: exception}`` for the rows that failed; a ``strict``
-    group (``steerkit.generate``: one failure fails the call) raises instead, and never rebuilds rows."""
+    group (``steerkit.generate``: one failure fails the call) raises instead, and never rebuilds rows.
+    A reward that reads the LM's own state (:attr:`reads_state`) starts its sessions on ``lm`` and is scored with
+    the rows' hidden states (``lm_state`` of :meth:`score`)."""
 
-    def __init__(self, name: str, reward, tokenizer, strict: bool = False):
+    def __init__(self, name: str, reward, tokenizer, strict: bool = False, *, lm=None):
         self.name, self.reward, self.tokenizer, self.strict = name, reward, tokenizer, strict
+        self.lm = lm
+        self.reads_state = reads_lm_state(reward)
         self.parts: list[Part] = []
         self.batched: bool | None = None  # unknown until a first session is seen
 
@@ -73,7 +80,9 @@ class RewardGroup:
     # -- rebuilding --------------------------------------------------------------------------------------
     def _start(self, rows: list[Row]):
         """A session over ``rows`` (which have generated equally many tokens), their tokens replayed."""
-        session = self.reward.start([r.prompt for r in rows], self.tokenizer)
+        prompts = [r.prompt for r in rows]
+        session = (self.reward.start(prompts, self.tokenizer, lm=self.lm) if self.reads_state
+                   else self.reward.start(prompts, self.tokenizer))
         for t in range(len(rows[0].ids)):
             session.commit(torch.tensor([r.ids[t] for r in rows], dtype=torch.long))
         return session
@@ -150,17 +159,20 @@ class RewardGroup:
         return failed
 
     # -- a step ------------------------------------------------------------------------------------------
-    def score(self, candidates: torch.Tensor, where: dict) -> tuple[torch.Tensor, dict]:
+    def score(self, candidates: torch.Tensor, where: dict,
+              lm_state: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         """Rewards [B, K] of ``candidates`` [B, K] (rows at batch index ``where[row]``; rows outside the group
-        get 0), and failures."""
+        get 0), and failures. ``lm_state`` [B, d]: the LM's final hidden state of every row (for a reward that
+        reads it)."""
         failed: dict = {}
         if self.strict:  # one part, every row of the batch in order
-            return self._score(self.parts[0], candidates), failed
+            return self._score(self.parts[0], candidates, lm_state), failed
         values = torch.zeros(candidates.shape, dtype=torch.float32, device=candidates.device)
         for part in list(self.parts):
             index = part.index(where, candidates.device)
             try:
-                rho = self._score(part, candidates.index_select(0, index))
+                rho = self._score(part, candidates.index_select(0, index),
+                                  None if lm_state is None else lm_state.index_select(0, index))
             except Exception as exc:  # noqa: BLE001
                 self.parts.remove(part)
                 if len(part.rows) == 1:
@@ -169,7 +181,9 @@ class RewardGroup:
                 for single in self._rebuild(part.rows, failed):
                     row = single.rows[0]
                     try:
-                        values[where[row]] = self._score(single, candidates[where[row]][None])[0]
+                        b = where[row]
+                        state = None if lm_state is None else lm_state[b][None]
+                        values[b] = self._score(single, candidates[b][None], state)[0]
                         self.parts.append(single)
                     except Exception as exc:  # noqa: BLE001
                         failed[row] = exc
@@ -177,9 +191,8 @@ class RewardGroup:
             values.index_copy_(0, index, rho.to(values.device, values.dtype))
         return values, failed
 
-    @staticmethod
-    def _score(part: Part, candidates: torch.Tensor) -> torch.Tensor:
-        rho = part.session.score(candidates)
+    def _score(self, part: Part, candidates: torch.Tensor, lm_state: torch.Tensor | None = None) -> torch.Tensor:
+        rho = part.session.score(candidates, lm_state) if self.reads_state else part.session.score(candidates)
         if not isinstance(rho, torch.Tensor) or tuple(rho.shape) != tuple(candidates.shape):
             raise TypeError(f"a reward session's score() returned {type(rho).__name__} of shape "
                             f"{tuple(getattr(rho, 'shape', ()))}; expected a tensor of shape {tuple(candidates.shape)}")

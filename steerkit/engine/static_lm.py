@@ -79,7 +79,10 @@ class StaticLM:
 class StaticLMBatch(LMBatch):
     """The running rows' LM state in static tensors: ``static`` (a transformers ``StaticCache``, ``slots`` ×
     ``width`` per layer), ``mask`` [slots, width], positions ``pos`` [slots], the next write column ``t`` and the
-    rows' next-token ``logits`` [rows, V] (float32)."""
+    rows' next-token ``logits`` [rows, V] (float32). It keeps no hidden state: a reward that reads the LM's own state
+    (``token_head.lm_state``) runs only on the eager :class:`LMBatch`."""
+
+    supports_lm_state = False
 
     def __init__(self, lm: StaticLM):
         self.lm = lm

@@ -69,6 +69,13 @@ def supports_row_changes(session) -> bool:
     return callable(getattr(session, "keep_rows", None)) and callable(getattr(session, "add_rows", None))
 
 
+def reads_lm_state(reward) -> bool:
+    """True for a reward that scores from the language model's own final hidden state (``reads_lm_state = True``,
+    :mod:`steerkit.rewards.token.lm_state`): the engine starts its sessions with ``start(prefixes, lm_tokenizer,
+    lm=LM)`` and calls ``score(candidates, lm_state)`` with the rows' hidden states [B, d]."""
+    return bool(getattr(reward, "reads_lm_state", False))
+
+
 class ScoringCache(Protocol):
     """Incremental state of one reward model over B rows (reward-model token ids).
 

@@ -128,13 +128,20 @@ class RewardModel(nn.Module):
     @classmethod
     def _wrap(cls, lm, tokenizer, reference, fingerprint, num_layers, **kw) -> "RewardModel":
         backbone = lm.base_model
-        num_layers = num_layers or num_blocks(backbone)
+        total = num_blocks(backbone)
+        num_layers = num_layers or total
+        head = kw.get("token_head")
+        lm_state = head is not None and head.lm_state
+        if lm_state and num_layers != total:
+            raise InvalidArgumentError(
+                f"token_head.lm_state reads the LM's own final hidden state, so the backbone keeps all {total} "
+                f"layers of {reference!r}; got num_layers {num_layers}. Leave num_layers out (or set {total}).")
         truncate(backbone, num_layers)
         start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         config = RewardModelConfig(
             backbone=reference, backbone_fingerprint=fingerprint, num_layers=num_layers,
             hidden_size=output_hidden_size(lm), vocab_size=backbone.config.vocab_size,
-            start_token_id=int(start), **kw,
+            start_token_id=None if lm_state else int(start), **kw,
         )
         model = cls._from_parts(backbone, config, tokenizer, lm)
         model._init_head()

@@ -32,6 +32,11 @@ class TokenHeadSettings(BaseModel):
     rank: int | None = Field(default=None, ge=1)
     #: add the prefix baseline b·h_t (rad-q's ``prefix_baseline``)
     baseline: bool = True
+    #: the head reads the language model's *own* final hidden state: the backbone is the whole LM, frozen, read
+    #: without a start token (as the LM reads a prompt), so steerkit's engine can hand the head the state its LM
+    #: has already computed and the reward costs one small product per step (:mod:`steerkit.rewards.token.lm_state`).
+    #: Such a model steers only that LM (its ``backbone_fingerprint``), only in steerkit's own engine.
+    lm_state: bool = False
 
 
 class RewardModelConfig(BaseModel):
@@ -63,7 +68,11 @@ class RewardModelConfig(BaseModel):
 
     @model_validator(mode="after")
     def _token_models_need_a_start_token(self) -> "RewardModelConfig":
-        if self.kind == "token" and self.start_token_id is None:
+        lm_state = self.token_head is not None and self.token_head.lm_state
+        if lm_state and (self.kind != "token" or self.start_token_id is not None or self.method != "head"):
+            raise ValueError("token_head.lm_state needs kind: token, method: head (the LM stays as it is) and "
+                             "start_token_id: null (the LM reads a prompt without one).")
+        if self.kind == "token" and self.start_token_id is None and not lm_state:
             raise ValueError("start_token_id is null, but a token-level reward model (kind: token) reads the "
                              "reward of a text's first token from the start token's position; set start_token_id.")
         return self

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
 from ..config import ValidatedConfig, load_config_file
 from ..devices import DeviceName
@@ -103,6 +103,13 @@ class TrainConfig(ValidatedConfig):
     limitations: list[str] = []
 
     _source_file: str | None = PrivateAttr(default=None)  # the file this config was read from, for the card
+
+    @model_validator(mode="after")
+    def _lm_state_head_reads_the_whole_lm(self) -> "TrainConfig":
+        if self.token_head.lm_state and (self.kind != "token" or self.method != "head" or self.distill is not None):
+            raise ValueError("token_head.lm_state trains a token-level head on the LM's own final hidden state: it "
+                             "needs kind: token and method: head (the LM is not changed), and no distill.")
+        return self
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod

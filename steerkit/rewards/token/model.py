@@ -32,8 +32,10 @@ import functools
 import torch
 from torch import nn
 
+from ...errors import VocabularyMismatchError
 from ...hf_compat import cache_kwargs, output_cache
 from ..model import OUTPUT_FUNCTIONS, RewardModel, RewardOutput, TokenHeadSettings
+from ..vocab import same_vocabulary
 
 #: from this share of the vocabulary in distinct candidates on, they are scored with one [B, V] product and a gather
 FULL_PRODUCT_FRACTION = 0.25
@@ -104,6 +106,19 @@ def realized_logits(query: torch.Tensor, offset: torch.Tensor, embeddings: torch
         source = torch.where(keeps, positions, torch.zeros_like(positions)).cummax(dim=1).values
         logits = logits.gather(1, source)
     return logits
+
+
+def check_vocabulary(name: str, model, lm_tokenizer) -> None:
+    """Raise :class:`VocabularyMismatchError` unless the LM's tokenizer is the reward model's vocabulary."""
+    if same_vocabulary(lm_tokenizer, model.tokenizer):
+        return
+    config = model.config
+    raise VocabularyMismatchError(
+        f"Reward {name!r} is a token-level reward model: it scores the language model's next-token ids with the "
+        f"output embeddings of its backbone {config.backbone!r} ({len(model.tokenizer)} tokens), but the LM's "
+        f"tokenizer is another vocabulary ({len(lm_tokenizer)} tokens). Use a sequence reward model for this LM "
+        "(e.g. `toxicity` instead of `toxicity-token`: it re-tokenizes candidate text for any tokenizer family), "
+        f"or an LM of the {config.backbone!r} family.")
 
 
 def is_token_directory(directory) -> bool:

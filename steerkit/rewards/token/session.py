@@ -18,28 +18,15 @@ from __future__ import annotations
 
 import torch
 
-from ...errors import InvalidArgumentError, VocabularyMismatchError
+from ...errors import InvalidArgumentError
 from ...compiling import CompiledStep, bucket
 from ...model_copies import converted_copy
 from ..attention import additive, append_mask_4d
 from ..backends import DEFAULT_BACKEND, resolve_backend
 from ..cache import left_pad_kv
-from .model import candidate_logits, realized_logits
+from .lm_state import start_lm_state
+from .model import candidate_logits, check_vocabulary, realized_logits  # noqa: F401  (check_vocabulary: re-exported)
 from ..static_kv import MIN_COLUMNS, StaticKV
-from ..vocab import same_vocabulary
-
-
-def check_vocabulary(name: str, model, lm_tokenizer) -> None:
-    """Raise :class:`VocabularyMismatchError` unless the LM's tokenizer is the reward model's vocabulary."""
-    if same_vocabulary(lm_tokenizer, model.tokenizer):
-        return
-    config = model.config
-    raise VocabularyMismatchError(
-        f"Reward {name!r} is a token-level reward model: it scores the language model's next-token ids with the "
-        f"output embeddings of its backbone {config.backbone!r} ({len(model.tokenizer)} tokens), but the LM's "
-        f"tokenizer is another vocabulary ({len(lm_tokenizer)} tokens). Use a sequence reward model for this LM "
-        "(e.g. `toxicity` instead of `toxicity-token`: it re-tokenizes candidate text for any tokenizer family), "
-        f"or an LM of the {config.backbone!r} family.")
 
 
 class TokenReward:
@@ -71,7 +58,19 @@ class TokenReward:
 
         return static_form(self, compiled, pays_on_cpu=True)
 
-    def start(self, prefixes: list[str], lm_tokenizer) -> "TokenSession":
+    @property
+    def reads_lm_state(self) -> bool:
+        """True for a head on the LM's own final hidden state (``token_head.lm_state``): its sessions score from the
+        state the engine hands them (:mod:`steerkit.rewards.token.lm_state`)."""
+        head = getattr(self.model.config, "token_head", None)
+        return bool(head is not None and head.lm_state)
+
+    def start(self, prefixes: list[str], lm_tokenizer, lm=None) -> "TokenSession":
+        """A session over ``len(prefixes)`` rows. ``lm``: the language model whose state the engine hands to a
+        reward that reads it (:attr:`reads_lm_state`; without it such a reward raises
+        :class:`~steerkit.errors.LMStateUnavailableError`)."""
+        if self.reads_lm_state:
+            return start_lm_state(self, prefixes, lm_tokenizer, lm)
         check_vocabulary(self.name, self.model, lm_tokenizer)
         texts = prefixes if self.context == "full" else [""] * len(prefixes)
         enc = self.model.encode(texts)
