@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..errors import InvalidArgumentError, SteerkitError
+from ..rewards.base import reads_lm_state
 
 #: The request fields read here (other keys belong to other processors and are left alone).
 KEYS = ("rewards", "k")
@@ -97,6 +98,11 @@ def _parse(args: Mapping, vocab_size: int | None, load) -> Steering | None:
         if getattr(exc, "path", None) is None and getattr(exc, "param", None) is None:
             tag_param(exc, "rewards")
         raise
+    for term in terms:  # a host engine (vLLM) hands rewards no LM state: refused here, naming the field
+        if reads_lm_state(term.reward):
+            from ..rewards.token.lm_state import no_state_error
+
+            raise tag_param(no_state_error(term.name), f"rewards.{term.name}")
     if not terms:
         if params.k is not None:
             raise tag_param(InvalidArgumentError(

@@ -162,3 +162,13 @@ def test_a_training_config_states_what_it_needs(tmp_path):
     for bad in ({"method": "lora"}, {"kind": "sequence", "method": "head"}):
         with pytest.raises(ConfigError, match="lm_state"):
             TrainConfig.from_dict({**base, **bad})
+
+
+def test_a_host_engines_request_is_refused_at_its_field(lm_rm):
+    """vLLM parses a request's steering with parse_steering: it hands rewards no LM state, so the request is refused
+    before it runs, naming the field (vLLM answers 400 with it)."""
+    from steerkit.integrations.requests import error_field, parse_steering
+
+    with pytest.raises(LMStateUnavailableError, match="toxicity-token") as info:
+        parse_steering({"rewards": {"lmtox": -5.0}}, load=lambda reference, context=None: TokenReward(lm_rm))
+    assert error_field(info.value) == "rewards.lmtox"

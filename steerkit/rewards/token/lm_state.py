@@ -39,12 +39,17 @@ _ELSEWHERE = ("Use it through steerkit's own engine (steerkit.generate, `steerki
               "runs its own backbone there (e.g. `toxicity-token`).")
 
 
+def no_state_error(name: str) -> LMStateUnavailableError:
+    """The error for a reward that reads the LM's state where the engine hands it none."""
+    return LMStateUnavailableError(
+        f"Reward {name!r} reads the language model's own final hidden state (token_head.lm_state), and this "
+        f"engine does not hand it to rewards. {_ELSEWHERE}")
+
+
 def check_lm(name: str, model, lm) -> None:
     """Raise :class:`LMStateUnavailableError` unless ``lm`` is the LM the head of ``model`` was trained on."""
     if lm is None:
-        raise LMStateUnavailableError(
-            f"Reward {name!r} reads the language model's own final hidden state (token_head.lm_state), and this "
-            f"engine does not hand it to rewards. {_ELSEWHERE}")
+        raise no_state_error(name)
     config = model.config
     hidden = getattr(getattr(lm, "config", None), "hidden_size", None)
     if hidden is not None and hidden != config.hidden_size:
