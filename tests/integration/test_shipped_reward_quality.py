@@ -58,6 +58,13 @@ FLOORS = {
         "counter-speech, other wording": 7 / 12, "neutral identity": 10 / 12, "explicit hate with profanity": 11 / 12,
         "neutral": 11 / 12,
     },
+    # the rank-64 head on SmolLM2's own final hidden state (train_lm_state.yaml, 2,000 steps): measured 4/12, 1/12,
+    # 12/12, 12/12, 12/12, 12/12, 12/12 and 7/12 in other wording
+    "toxicity-lm": {
+        "implicit derogation": 3 / 12, "negated positive": 0.0, "spelling variants": 11 / 12,
+        "counter-speech": 11 / 12, "counter-speech, other wording": 6 / 12, "neutral identity": 11 / 12,
+        "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
+    },
     # token-level, 1600 steps: measured 12/12, 11/12, 12/12, 10/12 and 9/12
     "sentiment-token": {
         "lowercased tokenized, positive": 11 / 12, "lowercased tokenized, negative": 10 / 12,
@@ -73,6 +80,7 @@ SHIPPED = {
     "sentiment-token": ("steerkit-sentiment", "steerkit_sentiment", "model_token", "train_token.yaml"),
     "toxicity-token-distilled": ("steerkit-toxicity", "steerkit_toxicity", "model_token_distilled",
                                  "train_token_distill.yaml"),
+    "toxicity-lm": ("steerkit-toxicity", "steerkit_toxicity", "model_lm_state", "train_lm_state.yaml"),
 }
 
 
@@ -113,6 +121,8 @@ def _card_metrics(name: str) -> dict:
     ("toxicity-token", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),  # 0.6.0: 0.977 (0.3.0: 0.965)
     ("sentiment-token", "SST-2 test", "accuracy", 0.81),  # 4 layers, 1600 steps; measured 0.821
     ("toxicity-token-distilled", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.93),  # measured 0.936
+    # the 30-layer LM reads 1,189 texts in about a minute (the 5,000 s-nlp ones: four); measured 0.861
+    ("toxicity-lm", "RTP held-out continuations", "auroc", 0.85),
 ])
 def test_card_headline_figures_recompute(name, eval_set, metric, target):
     from steerkit.training.assess import assess

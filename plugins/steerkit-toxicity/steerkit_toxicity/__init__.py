@@ -18,7 +18,7 @@ check_distribution(needed_by="steerkit-toxicity")  # ForeignDistributionError if
 from steerkit import hookimpl
 from steerkit.rewards.packaged import describe_reward_model, reward_model_factory
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 NAME = "toxicity"
 ATTRIBUTE = "probability that the text is toxic"
@@ -31,6 +31,10 @@ TOKEN_MODEL_DIR = Path(__file__).resolve().parent / "model_token"
 #: steers like ``toxicity`` at the same beta and fluency, a weaker classifier of human text (docs/results.md)
 DISTILLED_NAME = "toxicity-token-distilled"
 DISTILLED_MODEL_DIR = Path(__file__).resolve().parent / "model_token_distilled"
+#: a rank-64 token-level head on SmolLM2-135M-Instruct's own final hidden state (train_lm_state.yaml): in steerkit's
+#: engine it scores from the state the LM has already computed, so a step costs one small product; that LM only
+LM_STATE_NAME = "toxicity-lm"
+LM_STATE_MODEL_DIR = Path(__file__).resolve().parent / "model_lm_state"
 
 
 @hookimpl
@@ -41,3 +45,5 @@ def register_reward_models(register):
              description=describe_reward_model(TOKEN_MODEL_DIR, ATTRIBUTE))
     register(DISTILLED_NAME, reward_model_factory(DISTILLED_MODEL_DIR, name=DISTILLED_NAME, package="steerkit-toxicity"),
              description=describe_reward_model(DISTILLED_MODEL_DIR, ATTRIBUTE))
+    register(LM_STATE_NAME, reward_model_factory(LM_STATE_MODEL_DIR, name=LM_STATE_NAME, package="steerkit-toxicity"),
+             description=describe_reward_model(LM_STATE_MODEL_DIR, ATTRIBUTE))
