@@ -31,8 +31,8 @@ def lm_forward(model, **kwargs):
     """``model(**kwargs)`` and the input of its output layer (the LM's final hidden state, after its last norm) at
     the last position, [B, d]: what a reward that reads the LM's own state (``token_head.lm_state``,
     :mod:`steerkit.rewards.token.lm_state`) scores from. Read by a pre-hook on ``get_output_embeddings()`` for this
-    call and this thread only (another thread's forward of the same model is not seen); it keeps a view the forward
-    made anyway (with ``logits_to_keep=1`` a prefill's is its last position only), so it costs no copy.
+    call and this thread only (another thread's forward of the same model is not seen), and copied ([B, d]: a prefill's
+    output-layer input is a view of all its positions' states, which the copy does not keep alive).
     Returns ``(output, hidden or None)``; None where the model has no output layer module."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
@@ -42,7 +42,7 @@ def lm_forward(model, **kwargs):
 
     def keep(module, args):
         if threading.get_ident() == owner:
-            box.append(args[0][:, -1])
+            box.append(args[0][:, -1].clone())
 
     handle = head.register_forward_pre_hook(keep)
     try:
