@@ -284,7 +284,7 @@ def test_shipped_reward_plugins_register_through_entry_points(name):
     registry.reset()
     info = plugin(name)
     # the sequence reward and its token-level variants (kind: token, issue 13; toxicity also ships the distilled one)
-    token_variants = [f"{name}-token"] + ([f"{name}-token-distilled"] if name == "toxicity" else [])
+    token_variants = [f"{name}-token"] + ([f"{name}-token-distilled", f"{name}-lm"] if name == "toxicity" else [])
     assert info.loaded and info.rewards == [name, *token_variants] and info.distribution == f"steerkit-{name}"
     module = __import__(f"steerkit_{name}")
     if not (module.MODEL_DIR / "reward_config.json").is_file():

@@ -196,10 +196,10 @@ def test_training_seeds_are_the_rules_of_steerkit_seeds():
 def test_one_same_vocabulary():
     from steerkit.rewards import vocab
     from steerkit.rewards.sequence import scorer
-    from steerkit.rewards.token import session as token_session
+    from steerkit.rewards.token import model as token_model  # check_vocabulary lives there
     from steerkit.training import distill_data
 
-    assert scorer.same_vocabulary is token_session.same_vocabulary is vocab.same_vocabulary
+    assert scorer.same_vocabulary is token_model.same_vocabulary is vocab.same_vocabulary
     assert distill_data.same_vocabulary is vocab.same_vocabulary
     tok = make_tokenizer()
     assert vocab.same_vocabulary(tok, tok) and vocab.same_vocabulary(tok, make_tokenizer())
