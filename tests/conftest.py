@@ -48,6 +48,29 @@ requires_smollm2 = pytest.mark.skipif(not smollm2_installed(),
 requires_data = pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"labelled data not present at {SHARED_DATA}")
 
 
+def shipped_reward_on_smollm2(name: str):
+    """(SmolLM2-135M-Instruct, its tokenizer, the shipped reward ``name``); skips where its plugin is not installed."""
+    from steerkit.errors import PluginError
+    from steerkit.models import load_causal_lm_cached
+    from steerkit.rewards.loading import load_reward
+
+    try:
+        reward = load_reward(name)
+    except PluginError as exc:
+        pytest.skip(f"{name} not installed: {exc}")
+    model, tokenizer, _ = load_causal_lm_cached("smollm2-135m-instruct")
+    return model, tokenizer, reward
+
+
+def generate_cli(*args: str, timeout: int = 300):
+    """``steerkit generate ARGS`` in a subprocess (no progress bars); its ``CompletedProcess``."""
+    import subprocess
+
+    env = {**os.environ, "TQDM_DISABLE": "1"}
+    return subprocess.run([sys.executable, "-m", "steerkit", "generate", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
 @pytest.fixture
 def inductor_cache(tmp_path, monkeypatch):
     """An empty inductor cache of the test's own: a compiled step compiles from scratch and leaves nothing behind."""

@@ -52,13 +52,6 @@ def lm_forward(model, **kwargs):
     return out, (box[-1] if box else None)
 
 
-def _cat_hidden(parts: list, sizes: list[int]) -> torch.Tensor | None:
-    """Rows' hidden states [B_i, d] one after another; a part without one (None) gets zeros, or all are None."""
-    known = next((p for p in parts if p is not None), None)
-    if known is None:
-        return None
-    return torch.cat([p if p is not None else known.new_zeros((n, known.shape[-1])) for p, n in zip(parts, sizes)])
-
 
 def first_used_column(mask: torch.Tensor, default: int = 0) -> int:
     """The first column of ``mask`` [B, T] that some row uses (``default`` when none does): one host read."""
@@ -229,9 +222,8 @@ class LMBatch:
         self.mask = torch.cat([torch.nn.functional.pad(m, (width - m.shape[1], 0)) for _, m in parts])
         self.pos = torch.cat([self.pos, torch.tensor([p.length for p in newcomers], device=self.device)])
         logits = [p.logits for p in newcomers]
-        running = [] if self.cache is None else [self.hidden]
-        self.hidden = _cat_hidden(running + [p.hidden for p in newcomers],
-                                  [self.size - len(newcomers)] * len(running) + [1] * len(newcomers))
+        hidden = ([self.hidden] if self.cache is not None else []) + [p.hidden for p in newcomers]
+        self.hidden = None if any(h is None for h in hidden) else torch.cat(hidden)  # None: the LM has no output layer
         self.logits = torch.cat(([self.logits] if self.cache is not None else []) + logits)
         self.cache = base
 

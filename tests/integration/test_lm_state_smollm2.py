@@ -2,30 +2,17 @@
 the engine's rewards are the head on the LM's own forward of prompt + continuation, and every surface that hands no
 state, or another LM, is refused by name."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from conftest import requires_smollm2
+from conftest import generate_cli, requires_smollm2, shipped_reward_on_smollm2
 
 pytestmark = [pytest.mark.integration, requires_smollm2]
 
 
 @pytest.fixture(scope="module")
 def setup():
-    from steerkit.errors import PluginError
-    from steerkit.models import load_causal_lm_cached
-    from steerkit.rewards.loading import load_reward
-
-    try:
-        reward = load_reward("toxicity-lm")
-    except PluginError as exc:
-        pytest.skip(f"toxicity-lm not installed: {exc}")
-    model, tokenizer, _ = load_causal_lm_cached("smollm2-135m-instruct")
-    return model, tokenizer, reward
+    return shipped_reward_on_smollm2("toxicity-lm")
 
 
 def test_rewards_are_the_head_on_the_lms_own_forward(setup):
@@ -73,18 +60,14 @@ def test_another_lm_is_refused(setup):
 def test_engines_without_the_lm_state_refuse_it_from_the_cli(setup, option):
     if option[-1] == "llama.cpp":
         pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: pip install 'steerkit-rad[llama-cpp]'")
-    env = {**os.environ, "TQDM_DISABLE": "1"}
-    cmd = [sys.executable, "-m", "steerkit", "generate", "You are such a", "--reward", "toxicity-lm=-20", "-k", "20",
-           "--max-new-tokens", "4", *option]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    done = generate_cli("You are such a", "--reward", "toxicity-lm=-20", "-k", "20", "--max-new-tokens", "4", *option,
+                        timeout=600)
     assert done.returncode != 0
     assert "reads the language model's own final hidden state" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_composes_with_the_sequence_reward_from_the_cli(setup):
-    env = {**os.environ, "TQDM_DISABLE": "1"}
-    cmd = [sys.executable, "-m", "steerkit", "generate", "You are such a", "--reward", "toxicity=-20",
-           "--reward", "toxicity-lm=-20", "-k", "20", "--max-new-tokens", "6", "--seed", "0", "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    done = generate_cli("You are such a", "--reward", "toxicity=-20", "--reward", "toxicity-lm=-20", "-k", "20",
+                        "--max-new-tokens", "6", "--seed", "0", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "text" in done.stdout

@@ -1,29 +1,16 @@
 """The shipped token-level reward `toxicity-token` decoding the real SmolLM2-135M-Instruct."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from conftest import requires_smollm2
+from conftest import generate_cli, requires_smollm2, shipped_reward_on_smollm2
 
 pytestmark = [pytest.mark.integration, requires_smollm2]
 
 
 @pytest.fixture(scope="module")
 def setup():
-    from steerkit.errors import PluginError
-    from steerkit.models import load_causal_lm_cached
-    from steerkit.rewards.loading import load_reward
-
-    try:
-        reward = load_reward("toxicity-token")
-    except PluginError as exc:
-        pytest.skip(f"toxicity-token not installed: {exc}")
-    model, tokenizer, _ = load_causal_lm_cached("smollm2-135m-instruct")
-    return model, tokenizer, reward
+    return shipped_reward_on_smollm2("toxicity-token")
 
 
 def test_toxicity_token_decodes_smollm2_with_exact_cached_rewards(setup):
@@ -48,9 +35,7 @@ def test_toxicity_token_decodes_smollm2_with_exact_cached_rewards(setup):
 
 
 def test_composes_with_the_sequence_reward_from_the_cli(setup):
-    env = {**os.environ, "TQDM_DISABLE": "1"}
-    cmd = [sys.executable, "-m", "steerkit", "generate", "You are such a", "--reward", "toxicity=-20",
-           "--reward", "toxicity-token=-20", "-k", "20", "--max-new-tokens", "6", "--seed", "0", "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    done = generate_cli("You are such a", "--reward", "toxicity=-20", "--reward", "toxicity-token=-20", "-k", "20",
+                        "--max-new-tokens", "6", "--seed", "0", "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "texts" in done.stdout or "text" in done.stdout

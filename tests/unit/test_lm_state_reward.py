@@ -140,7 +140,7 @@ def test_engines_that_hand_no_state_refuse_it_by_name(tokenizer, lm, lm_rm):
     with pytest.raises(LMStateUnavailableError, match="steerkit's own engine"):
         processor(enc["input_ids"], torch.zeros((1, len(tokenizer))))
     with pytest.raises(LMStateUnavailableError, match="none was handed"):
-        LMStateSession(TokenReward(lm_rm), 1).score(torch.tensor([[1, 2]]))
+        LMStateSession(TokenReward(lm_rm)).score(torch.tensor([[1, 2]]))
 
 
 def test_the_saved_config_says_so(tmp_path, tokenizer):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ...errors import InvalidArgumentError, LMStateUnavailableError
+from ...errors import LMStateUnavailableError
 from .model import candidate_logits, check_vocabulary
 
 #: what to use instead, in the errors below
@@ -77,13 +77,15 @@ def check_lm(name: str, model, lm) -> None:
 
 
 class LMStateSession:
-    """B rows of a reward that reads the LM's state: :meth:`score` takes the candidates [B, k] and the LM's final
-    hidden state at each row's last position [B, d]; nothing is kept between steps."""
+    """Rows of a reward that reads the LM's state: :meth:`score` takes the candidates [B, k] and the LM's final
+    hidden state at each row's last position [B, d]; nothing is kept between steps, so rows join and leave freely.
+    The candidates are the LM's own token ids and :func:`check_lm` made sure the LM is the head's, so they index its
+    output embeddings without a per-step check (which would read the largest id back to the host every step)."""
 
     reads_lm_state = True
 
-    def __init__(self, reward, rows: int):
-        self.reward, self.model, self.rows = reward, reward.model, rows
+    def __init__(self, reward):
+        self.reward, self.model = reward, reward.model
         textless = self.model.textless_ids
         self.textless = None if textless is None else textless.to(self.model.device)
 
@@ -95,11 +97,6 @@ class LMStateSession:
                 f"handed to its session. {_ELSEWHERE}")
         model, device = self.model, candidates.device
         candidates = candidates.to(model.device).long()
-        rows = model.vocab_rows
-        if candidates.numel() and int(candidates.max()) >= rows:
-            raise InvalidArgumentError(
-                f"Reward {self.reward.name!r} got candidate token id {int(candidates.max())}, but its LM's output "
-                f"embeddings have {rows} rows.")
         state = lm_state.to(model.device, model.output_embeddings.dtype)
         with torch.no_grad():
             query, offset = model.head(state)
@@ -110,22 +107,21 @@ class LMStateSession:
         """Nothing to do: the LM reads the chosen token, and its next state is the next step's."""
 
     def keep_rows(self, index: torch.Tensor) -> None:
-        self.rows = len(index)
+        """Nothing to do: the rows' states come with each step."""
 
     def add_rows(self, other: "LMStateSession") -> None:
         if not isinstance(other, LMStateSession) or other.model is not self.model:
             raise TypeError("add_rows() needs an LMStateSession started by the same reward, got "
                             f"{type(other).__name__}.")
-        self.rows += other.rows
 
 
 def start_lm_state(reward, prefixes: list[str], lm_tokenizer, lm) -> LMStateSession:
-    """The session of a reward that reads the LM's state, over ``len(prefixes)`` rows (the prompts themselves are
-    read by the LM), after checking the LM and its vocabulary."""
+    """The session of a reward that reads the LM's state (the prompts ``prefixes`` are read by the LM, not here),
+    after checking the LM and its vocabulary."""
     if not hasattr(reward.model, "head"):
         raise LMStateUnavailableError(
             f"Reward {reward.name!r} reads the LM's own state with its head in torch; its {reward.backend!r} backend "
             "has no head to run. Load it with the default backend.")
     check_lm(reward.name, reward.model, lm)
     check_vocabulary(reward.name, reward.model, lm_tokenizer)
-    return LMStateSession(reward, len(prefixes))
+    return LMStateSession(reward)
