@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "plugins" / "steerkit-toxicity"
 CONFIG = PLUGIN / "train.yaml"
 NEW_GROUPS = ["ToxiGen statements", "Stormfront"]  # 0.3.0 (0.4.0 adds "Reddit counterspeech")
+#: the EDOS experiment (train.yaml + EDOS; not shipped)
+EDOS_CONFIG = PLUGIN / "train_edos_experiment.yaml"
 #: where the converted files are: $STEERKIT_DATA_ROOT (a data root with them, as train.yaml's --data-root), else
 #: ../shared/data
 DATA = Path(os.environ["STEERKIT_DATA_ROOT"]) if os.environ.get("STEERKIT_DATA_ROOT") else SHARED_DATA
@@ -32,7 +34,8 @@ requires_hate_data = pytest.mark.skipif(
     not all(p.is_file() for p in NEW_FILES),
     reason=f"the converted hate-speech files are not under {DATA / 'toxicity'} (set STEERKIT_DATA_ROOT to a data root "
            "that has them) "
-           "(plugins/steerkit-toxicity/data/convert_hate_sources.py and convert_counter_speech.py --reddit write them)")
+           "(plugins/steerkit-toxicity/data/convert_hate_sources.py --toxigen --stormfront and "
+           "convert_counter_speech.py --reddit write them)")
 
 
 def data_script(name: str):
@@ -95,6 +98,49 @@ def test_stormfront_rows_join_metadata_and_text_and_split_off_the_test_sample(co
     assert "user_id" not in test[0]
     with pytest.raises(ValueError, match="3_1"):
         convert.join_stormfront(metadata + "3_1,7,1,0,hate\n", texts, set())
+
+
+EDOS_CSV = """rewire_id,text,label_sexist,label_category,label_vector,split
+e-1,"Women  just aren't suited
+for this.",sexist,4. prejudiced discussions,4.2 x,train
+e-2,She won the race.,not sexist,none,none,test
+e-3,Good morning.,not sexist,none,none,dev
+"""
+
+
+def test_edos_rows_split_by_upstream_split_with_upstream_labels(convert):
+    splits = convert.split_edos(EDOS_CSV)
+    assert splits["train"] == [{"rewire_id": "e-1", "label": "sexist", "category": "4. prejudiced discussions",
+                                "text": "Women just aren't suited for this."}]  # spacing collapsed
+    assert [r["rewire_id"] for r in splits["test"]] == ["e-2"] and [r["rewire_id"] for r in splits["dev"]] == ["e-3"]
+    # a split or label upstream does not define is an error, not a silently dropped row
+    with pytest.raises(ValueError, match="e-9.*split"):
+        convert.split_edos(EDOS_CSV + "e-9,x,sexist,none,none,validation\n")
+    with pytest.raises(ValueError, match="e-9.*label"):
+        convert.split_edos(EDOS_CSV + "e-9,x,maybe,none,none,train\n")
+
+
+def test_profane_rows_of_one_label_are_relabelled_at_the_threshold(convert):
+    rows = [{"text": "a", "label": "not sexist"}, {"text": "b", "label": "not sexist"},
+            {"text": "c", "label": "sexist"}]
+    scores = {"a": convert.PROFANE_AT, "b": convert.PROFANE_AT - 1e-6, "c": 1.0}
+    flagged = convert.relabel_profane(rows, lambda texts: [scores[t] for t in texts], "not sexist",
+                                      "not sexist, profane")
+    assert flagged == 1  # the sexist row is never scored or relabelled
+    assert [r["label"] for r in rows] == ["not sexist, profane", "not sexist", "sexist"]
+
+
+def test_edos_trains_on_sexist_and_civil_not_sexist_posts_and_evaluates_on_its_test_split():
+    config = TrainConfig.from_file(EDOS_CONFIG)
+    shipped = TrainConfig.from_file(CONFIG)
+    # the experiment is the shipped recipe plus EDOS, and writes nothing into the package
+    assert [s.name for s in config.data if s.metrics_name != "EDOS"] == [s.name for s in shipped.data]
+    assert "steerkit_toxicity" not in str(config.output_dir)
+    edos = [s for s in config.data if s.metrics_name == "EDOS"]
+    assert [s.transform.map for s in edos] == [{"sexist": 1}, {"not sexist": 0}]  # `not sexist, profane` skipped
+    assert all(s.path == "toxicity/edos_sexism/train.csv" and s.skip_invalid and "CC0" in s.licence for s in edos)
+    test = [s for s in config.eval if s.path == "toxicity/edos_sexism/test.csv"]
+    assert len(test) == 1 and test[0].transform.map == {"sexist": 1, "not sexist": 0}
 
 
 def test_the_candidate_config_names_the_new_sources_with_their_licences():
@@ -183,6 +229,9 @@ def test_conan_merge_deduplicates_on_words_and_drops_label_conflicts(conan):
 @pytest.mark.parametrize("name, group, licence", [
     ("train_conan_experiment.yaml", "CONAN", "research use only"),
     ("train_reddit_counterspeech_experiment.yaml", "Reddit counterspeech", "MIT"),
+    ("train_edos_experiment.yaml", "EDOS", "CC0"),
+    ("train_edos_light_experiment.yaml", "EDOS", "CC0"),
+    ("train_token_edos_experiment.yaml", "EDOS", "CC0"),
 ])
 def test_the_counter_speech_experiments_are_not_shipped_configs(name, group, licence):
     """Experiments, not the shipped model (CONAN's licence allows research use only; the Reddit run is an experiment
@@ -244,7 +293,7 @@ def test_profane_counter_speech_is_flagged_and_only_civil_counter_speech_is_trai
     rows = [{"text": "They're right. This sub is fucked up, you stupid assholes.", "label": "counter"},
             {"text": "Nobody should be judged by where they were born.", "label": "counter"},
             {"text": "Those people are a plague and should leave.", "label": "hate"}]
-    assert conan.flag_profane(rows, conan._profanity_score()) == 1
+    assert conan.flag_profane(rows, conan.profanity_score()) == 1
     assert [r["label"] for r in rows] == ["counter-profane", "counter", "hate"]  # hate is never relabelled
     assert conan.flag_profane([{"text": "a", "label": "counter"}], lambda texts: [conan.PROFANE_AT]) == 1
     assert conan.flag_profane([{"text": "a", "label": "counter"}], lambda texts: [conan.PROFANE_AT - 1e-6]) == 0

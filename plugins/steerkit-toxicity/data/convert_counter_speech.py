@@ -70,7 +70,8 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from convert_hate_sources import _copy_blob, _resolve, _show, _write_csv, run  # noqa: E402  (git reads, CSVs, CLI)
+from convert_hate_sources import (  # noqa: E402  (git reads, CSVs, CLI, the profanity flag)
+    _copy_blob, _resolve, _show, _write_csv, profanity_score, relabel_profane, run)
 
 CONAN_COMMIT = "627faf12d73ee75291d0c99a1dffd54c811a93cb"
 REDDIT_COMMIT = "73f98c297787fc51e810e3fcc04921a9772a296a"
@@ -162,19 +163,7 @@ def merge_reddit(train: list[tuple[str, str, str]], dev: list[tuple[str, str, st
 def flag_profane(rows: list[dict], score) -> int:
     """Relabel, in place, each ``counter`` row whose text ``score`` (texts -> probabilities of profanity) puts at
     :data:`PROFANE_AT` or more as ``counter-profane``; returns how many."""
-    counter = [r for r in rows if r["label"] == "counter"]
-    flagged = 0
-    for row, p in zip(counter, score([r["text"] for r in counter]), strict=True):
-        if p >= PROFANE_AT:
-            row["label"] = "counter-profane"
-            flagged += 1
-    return flagged
-
-
-def _profanity_score():
-    from steerkit.evaluation.scorers.offline import ProfanityCheckScorer
-
-    return ProfanityCheckScorer().score
+    return relabel_profane(rows, score, "counter", "counter-profane", PROFANE_AT)
 
 
 def merge(datasets: list[tuple[str, list[tuple[str, str, str]]]], third: str = "target") -> tuple[list[dict], int]:
@@ -216,7 +205,7 @@ def write_conan(repo: Path, out_root: Path) -> None:
 def write_reddit(repo: Path, out_root: Path) -> None:
     commit = _resolve(repo, REDDIT_COMMIT)
     merged = merge_reddit(reddit_rows(_show(repo, commit, REDDIT_TRAIN)), reddit_rows(_show(repo, commit, REDDIT_DEV)))
-    flagged = flag_profane(merged["train"], _profanity_score())
+    flagged = flag_profane(merged["train"], profanity_score())
     out = out_root / "reddit_counterspeech"
     for split in ("train", "dev"):
         _write_csv(out / f"{split}.csv", merged[split], ["text", "label", "dataset", "subreddit"])

@@ -20,8 +20,15 @@ It writes
   label as upstream (``hate``, ``noHate``, ``relation``, ``idk/skip``; the config maps the first two and skips
   the rest). ``test.csv`` is upstream's balanced ``sampled_test/`` (the paper's test set), ``train.csv``
   everything else. ``user_id`` is dropped.
+* ``edos_sexism/{train,dev,test}.csv``: EDOS, the SemEval-2023 Task 10 set of Gab and Reddit posts labelled
+  sexist / not sexist by three trained annotators each (rewire-online/edos
+  ``data/edos_labelled_aggregated.csv``, CC0-1.0): ``rewire_id,label,category,text`` split by upstream's ``split``
+  column, label as upstream (``sexist``, ``not sexist``). ``test.csv`` is upstream's test split, never trained on.
+  In ``train.csv`` a ``not sexist`` post that alt-profanity-check scores 0.5 or more is labelled
+  ``not sexist, profane``: "not sexist" says nothing of a post's other toxicity (insults, slurs, hate against other
+  groups), so only the posts without profanity serve as negatives. This flag needs steerkit's ``eval`` extra.
 
-The LICENSE files of both repositories are copied next to the data (CDLA-Permissive-2.0 asks that its text
+The LICENSE files of the repositories are copied next to the data (CDLA-Permissive-2.0 asks that its text
 travel with shared data; CC BY-SA asks for the licence notice). Stdlib only; nothing here is packaged.
 """
 
@@ -40,6 +47,10 @@ from typing import Callable
 
 TOXIGEN_COMMIT = "01517e814639e0334c920a3c502036c8158aac87"
 STORMFRONT_COMMIT = "b802137e8314c38a8d4faa965f9908d6c8e7a84d"
+EDOS_COMMIT = "b1f1fbcca9d42de0395432ada8fcfb5c35f68c77"
+EDOS_SPLITS = ("train", "dev", "test")
+#: A training row that alt-profanity-check scores at least this is relabelled as profane (see the module docstring).
+PROFANE_AT = 0.5
 
 _WORDS = re.compile(r"[\W_]+", re.UNICODE)
 _LABEL_FILE = re.compile(r"^(hate|neutral)_(.+?)(?:_sentences|_1k)?\.txt$")
@@ -114,6 +125,39 @@ def join_stormfront(metadata_csv: str, texts: dict[str, str], test_ids: set[str]
     return train, test
 
 
+def split_edos(aggregated_csv: str) -> dict[str, list[dict]]:
+    """{split: rows ``{rewire_id, label, category, text}``} from EDOS's ``edos_labelled_aggregated.csv``; raises on a
+    split or label upstream does not define, so that a changed file is noticed rather than half read."""
+    out: dict[str, list[dict]] = {split: [] for split in EDOS_SPLITS}
+    for record in csv.DictReader(io.StringIO(aggregated_csv)):
+        if record["split"] not in out:
+            raise ValueError(f"EDOS {record['rewire_id']}: unknown split {record['split']!r}")
+        if record["label_sexist"] not in ("sexist", "not sexist"):
+            raise ValueError(f"EDOS {record['rewire_id']}: unknown label {record['label_sexist']!r}")
+        out[record["split"]].append({"rewire_id": record["rewire_id"], "label": record["label_sexist"],
+                                     "category": record["label_category"], "text": " ".join(record["text"].split())})
+    return out
+
+
+def relabel_profane(rows: list[dict], score, label: str, profane_label: str, at: float = PROFANE_AT) -> int:
+    """Relabel, in place, each row labelled ``label`` whose text ``score`` (texts -> probabilities of profanity) puts
+    at ``at`` or more as ``profane_label``; returns how many."""
+    chosen = [r for r in rows if r["label"] == label]
+    flagged = 0
+    for row, p in zip(chosen, score([r["text"] for r in chosen]), strict=True):
+        if p >= at:
+            row["label"] = profane_label
+            flagged += 1
+    return flagged
+
+
+def profanity_score():
+    """alt-profanity-check (steerkit's scorer of that name, a TF-IDF SVM): texts -> probabilities of profanity."""
+    from steerkit.evaluation.scorers.offline import ProfanityCheckScorer
+
+    return ProfanityCheckScorer().score
+
+
 # -- git access (read-only) ------------------------------------------------------------------------------------
 
 def _git(repo: Path, *args: str) -> bytes:
@@ -175,6 +219,20 @@ def write_stormfront(repo: Path, out_root: Path) -> None:
         print(f"Stormfront @{commit[:7]} {name}: {len(part)} sentences {counts} -> {out / (name + '.csv')}")
 
 
+def write_edos(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, EDOS_COMMIT)
+    splits = split_edos(_show(repo, commit, "data/edos_labelled_aggregated.csv"))
+    flagged = relabel_profane(splits["train"], profanity_score(), "not sexist", "not sexist, profane")
+    print(f"EDOS train: {flagged} 'not sexist' posts relabelled 'not sexist, profane' "
+          f"(alt-profanity-check >= {PROFANE_AT})")
+    out = out_root / "edos_sexism"
+    for name, rows in splits.items():
+        _write_csv(out / f"{name}.csv", rows, ["rewire_id", "label", "category", "text"])
+        counts = dict(Counter(r["label"] for r in rows))
+        print(f"EDOS @{commit[:7]} {name}: {len(rows)} posts {counts} -> {out / (name + '.csv')}")
+    _copy_blob(repo, commit, "LICENSE", out / "LICENSE")
+
+
 def run(description: str, sources: dict[str, tuple[str, Callable[[Path, Path], None]]],
         argv: list[str] | None = None) -> int:
     """The command line of a conversion script: ``--NAME GIT_DIR`` for each source (``{NAME: (help, write)}``, at
@@ -195,7 +253,8 @@ def run(description: str, sources: dict[str, tuple[str, Callable[[Path, Path], N
 def main(argv: list[str] | None = None) -> int:
     return run(__doc__.split("\n\n")[0], {"toxigen": ("git directory of microsoft/TOXIGEN", write_toxigen),
                                            "stormfront": ("git directory of Vicomtech/hate-speech-dataset",
-                                                          write_stormfront)}, argv)
+                                                          write_stormfront),
+                                           "edos": ("git directory of rewire-online/edos", write_edos)}, argv)
 
 
 if __name__ == "__main__":
