@@ -71,7 +71,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from convert_hate_sources import (  # noqa: E402  (git reads, CSVs, CLI, the profanity flag)
-    _copy_blob, _resolve, _show, _write_csv, profanity_score, relabel_profane, run)
+    PROFANE_AT, _copy_blob, _resolve, _show, _write_csv, profanity_score, relabel_profane, run)
 
 CONAN_COMMIT = "627faf12d73ee75291d0c99a1dffd54c811a93cb"
 REDDIT_COMMIT = "73f98c297787fc51e810e3fcc04921a9772a296a"
@@ -86,8 +86,6 @@ _URL = re.compile(r"(?:https?://|www\.)\S+")
 _QUOTE = re.compile(r"(^|\n|\s{2,})>+")
 _MARKUP = re.compile(r"\*+|~~|\^")
 _REDDIT_LABELS = {"0": None, "1": "hate", "2": "counter"}
-#: A counter-speech training reply that alt-profanity-check scores at least this is labelled ``counter-profane``.
-PROFANE_AT = 0.5
 
 
 def key(text: str) -> str:

@@ -5,7 +5,7 @@ needed: every file is read with ``git show COMMIT:PATH`` at the pinned commit):
 
     python plugins/steerkit-toxicity/data/convert_hate_sources.py \
         --toxigen /path/to/microsoft+TOXIGEN/repo --stormfront /path/to/Vicomtech+hate-speech-dataset/repo \
-        --out ../shared/data/toxicity
+        --edos /path/to/rewire-online+edos/repo --out ../shared/data/toxicity
 
 It writes
 
@@ -29,7 +29,8 @@ It writes
   groups), so only the posts without profanity serve as negatives. This flag needs steerkit's ``eval`` extra.
 
 The LICENSE files of the repositories are copied next to the data (CDLA-Permissive-2.0 asks that its text
-travel with shared data; CC BY-SA asks for the licence notice). Stdlib only; nothing here is packaged.
+travel with shared data; CC BY-SA asks for the licence notice). Stdlib only, but for EDOS's profanity flag;
+nothing here is packaged.
 """
 
 from __future__ import annotations
