@@ -52,7 +52,6 @@ def lm_forward(model, **kwargs):
     return out, (box[-1] if box else None)
 
 
-
 def first_used_column(mask: torch.Tensor, default: int = 0) -> int:
     """The first column of ``mask`` [B, T] that some row uses (``default`` when none does): one host read."""
     used = mask.bool().any(0).nonzero()

@@ -33,6 +33,9 @@ DATA_KEYS = ("data_root", "data", "eval", "dev_fraction", "dev_max_per_source", 
 #: the other configs a config may take sections from, in order (a later one wins; keys set in the file win over all):
 #: ``data_from`` the data recipe, ``eval_from`` only the held-out sets (e.g. a newer config's, with an older recipe)
 INCLUDES = (("data_from", DATA_KEYS), ("eval_from", ("eval",)))
+#: ``data_extra`` / ``eval_extra``: sources appended to ``data`` / ``eval`` after the includes (an included recipe
+#: plus a source or two, without copying its list)
+EXTRAS = ("data", "eval")
 _PATH_FIELDS = ("data_root", "output_dir", "checkpoint_dir", "card", "cross_source")
 
 
@@ -115,15 +118,8 @@ class TrainConfig(ValidatedConfig):
     @classmethod
     def from_file(cls, path: str | os.PathLike, overrides: dict | None = None) -> "TrainConfig":
         path = Path(path)
-        data = load_config_file(path)
+        data = _with_includes(path)
         base = path.resolve().parent
-        shared: dict = {}  # sections of other configs in this directory (token variants, older recipes)
-        for key, sections in INCLUDES:
-            include = data.pop(key, None)
-            if isinstance(include, str):
-                other = load_config_file(base / include)
-                shared.update({k: other[k] for k in sections if k in other})
-        data = {**shared, **data}
         for key in _PATH_FIELDS:
             value = data.get(key)
             if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
@@ -203,3 +199,27 @@ class TrainConfig(ValidatedConfig):
                             for d in payload[key]]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
+
+def _with_includes(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The raw config of ``path`` with its includes resolved: the sections ``data_from`` / ``eval_from`` name taken
+    from those configs (in this directory; themselves resolved the same way, so one may extend another), the file's
+    own keys winning, then its ``data_extra`` / ``eval_extra`` appended."""
+    resolved = path.resolve()
+    if resolved in seen:
+        raise ConfigError(f"{path}: data_from / eval_from form a cycle: "
+                          + " -> ".join(p.name for p in (*seen, resolved)))
+    data = load_config_file(path)
+    shared: dict = {}  # sections of other configs in this directory (token variants, older recipes)
+    for key, sections in INCLUDES:
+        include = data.pop(key, None)
+        if isinstance(include, str):
+            other = _with_includes(resolved.parent / include, (*seen, resolved))
+            shared.update({k: other[k] for k in sections if k in other})
+    extras = {key: data.pop(f"{key}_extra", None) for key in EXTRAS}
+    data = {**shared, **data}
+    for key, extra in extras.items():
+        if extra is not None:
+            if not isinstance(extra, list):
+                raise ConfigError(f"{path}: {key}_extra must be a list of sources, like {key}.")
+            data[key] = list(data.get(key) or []) + extra
+    return data

@@ -261,3 +261,26 @@ def test_eval_from_takes_only_the_held_out_sets_of_another_config(tmp_path):
     (tmp_path / "own.yaml").write_text("eval_from: new.yaml\noutput_dir: own\ndata: [{path: c.txt, label_value: 1}]\n"
                                        "eval: [{path: own.txt, label_value: 0}]\n", encoding="utf-8")
     assert [s.path for s in TrainConfig.from_file(tmp_path / "own.yaml").eval] == ["own.txt"]  # the file's own wins
+
+
+def test_extras_append_sources_to_an_included_recipe_which_may_itself_include_one(tmp_path):
+    from steerkit.errors import ConfigError
+    from steerkit.training import TrainConfig
+
+    (tmp_path / "train.yaml").write_text("output_dir: seq\ndata: [{path: a.txt, label_value: 1}]\n"
+                                         "eval: [{path: e.txt, label_value: 0}]\n", encoding="utf-8")
+    (tmp_path / "more.yaml").write_text("data_from: train.yaml\noutput_dir: more\n"
+                                        "data_extra: [{path: b.txt, label_value: 0}]\n"
+                                        "eval_extra: [{path: f.txt, label_value: 1}]\n", encoding="utf-8")
+    config = TrainConfig.from_file(tmp_path / "more.yaml")
+    assert [s.path for s in config.data] == ["a.txt", "b.txt"] and [s.path for s in config.eval] == ["e.txt", "f.txt"]
+    # a config that includes the extended one gets its extras too
+    (tmp_path / "token.yaml").write_text("data_from: more.yaml\nkind: token\noutput_dir: tok\n", encoding="utf-8")
+    assert [s.path for s in TrainConfig.from_file(tmp_path / "token.yaml").data] == ["a.txt", "b.txt"]
+    (tmp_path / "loop.yaml").write_text("data_from: loop.yaml\noutput_dir: l\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="cycle"):
+        TrainConfig.from_file(tmp_path / "loop.yaml")
+    (tmp_path / "bad.yaml").write_text("data_from: train.yaml\noutput_dir: b\ndata_extra: {path: b.txt}\n",
+                                       encoding="utf-8")
+    with pytest.raises(ConfigError, match="data_extra must be a list"):
+        TrainConfig.from_file(tmp_path / "bad.yaml")
