@@ -29,7 +29,7 @@ from .attention import additive, append_mask_4d
 from ..errors import InvalidArgumentError, PromptTooLongError, RewardModelFormatError
 from ..hf_compat import cache_kwargs, output_cache
 from ..files import atomic_write_text
-from ..models import context_length, load_causal_lm, load_tokenizer, resolve
+from ..models import context_length, load_causal_lm, load_causal_lm_cached, load_tokenizer, resolve
 from .backbones import num_blocks, output_hidden_size, truncate
 from .lora import lora_config, merge_lora, resolve_lora  # noqa: F401  (lora_config, resolve_lora: re-exported)
 from .model_config import (  # noqa: F401  (FORMAT_VERSION, TokenHeadSettings re-exported: importers use them)
@@ -277,9 +277,19 @@ class RewardModel(nn.Module):
                 f"{config.backbone_fingerprint[:16]}…, but that reference now resolves to weights "
                 f"{source.fingerprint[:16]}…. Install the matching backbone or retrain the reward model."
             )
-        lm, _, _ = load_causal_lm(config.backbone)
+        # A head on the whole, unchanged LM (token_head.lm_state, method "head") shares the process's loaded copy of
+        # it, the one steerkit's engine steers with: a second copy would sit unused while the engine hands the head
+        # the LM's own state (toxicity-lm: load 1.0 s -> 0.3 s; docs/token_rewards.md). Any other backbone is
+        # truncated or merged, so it gets a copy of its own.
+        shares = config.method == "head" and config.token_head is not None and config.token_head.lm_state
+        lm, _, _ = (load_causal_lm_cached if shares else load_causal_lm)(config.backbone)
         tokenizer = load_tokenizer(config.tokenizer or config.backbone)
         backbone = lm.base_model
+        if shares and num_blocks(backbone) != config.num_layers:
+            raise RewardModelFormatError(
+                f"{directory}: a head on the LM's own state (token_head.lm_state) reads all of {config.backbone!r}, "
+                f"which has {num_blocks(backbone)} layers, but the config says num_layers {config.num_layers}. "
+                "Retrain it, or set num_layers to the LM's.")
         hidden = output_hidden_size(lm)
         if hidden != config.hidden_size or backbone.config.vocab_size != config.vocab_size:
             raise RewardModelFormatError(

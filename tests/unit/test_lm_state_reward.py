@@ -172,3 +172,55 @@ def test_a_host_engines_request_is_refused_at_its_field(lm_rm):
     with pytest.raises(LMStateUnavailableError, match="toxicity-token") as info:
         parse_steering({"rewards": {"lmtox": -5.0}}, load=lambda reference, context=None: TokenReward(lm_rm))
     assert error_field(info.value) == "rewards.lmtox"
+
+
+def test_a_loaded_head_shares_the_lm_the_engine_loads(tmp_path, tokenizer):
+    """A saved head on the LM's own state loads onto the process's copy of its LM, the one steerkit's engine steers
+    with (one copy in memory, not two), and steers as the model it was saved from; a truncated token model of the
+    same backbone gets a copy of its own and leaves the shared LM whole."""
+    from steerkit.assembly import load_lm
+    from steerkit.testing import save_tiny_lm
+
+    reference = str(save_tiny_lm(tmp_path / "lm", tokenizer, seed=3, layers=3))
+    rm = TokenRewardModel.from_backbone(reference, name="lmtox", head=TokenHeadSettings(rank=4, lm_state=True))
+    rm.config = rm.config.model_copy(update={"method": "head"})
+    torch.manual_seed(7)
+    for p in rm.head.parameters():
+        torch.nn.init.normal_(p, std=0.4)
+    rm.save_pretrained(tmp_path / "rm")
+    loaded = TokenRewardModel.from_pretrained(tmp_path / "rm")
+    lm, lm_tokenizer = load_lm(reference)
+    assert loaded.backbone is lm.base_model and rm.backbone is not lm.base_model
+
+    truncated = TokenRewardModel.from_backbone(reference, num_layers=1, name="shallow")
+    truncated.config = truncated.config.model_copy(update={"method": "head"})
+    truncated.save_pretrained(tmp_path / "shallow")
+    assert TokenRewardModel.from_pretrained(tmp_path / "shallow").backbone is not lm.base_model
+    assert len(lm.model.layers) == 3
+
+    def steer(model):
+        return RewardAugmentedGenerator(lm, lm_tokenizer, [SteeringTerm(TokenReward(model), -40.0)], k=20).generate(
+            PROMPTS, max_new_tokens=6, do_sample=False, return_traces=True, eos_token_id=[])
+
+    mine, theirs = steer(loaded), steer(rm)
+    assert torch.equal(mine.sequences, theirs.sequences)
+    for a, b in zip(mine.traces[0], theirs.traces[0]):
+        assert torch.allclose(a.rewards["lmtox"], b.rewards["lmtox"], atol=1e-6)
+    plain = RewardAugmentedGenerator(lm, lm_tokenizer, [], k=20).generate(PROMPTS, max_new_tokens=6, do_sample=False,
+                                                                          eos_token_id=[])
+    assert not torch.equal(plain.sequences, mine.sequences)  # the loaded head steered
+
+
+def test_a_head_on_the_lms_state_must_read_all_of_it(tmp_path, tokenizer):
+    from steerkit.errors import RewardModelFormatError
+    from steerkit.rewards.model import CONFIG_NAME
+    from steerkit.testing import save_tiny_lm
+
+    reference = str(save_tiny_lm(tmp_path / "lm", tokenizer, seed=4, layers=3))
+    rm = TokenRewardModel.from_backbone(reference, name="lmtox", head=TokenHeadSettings(rank=4, lm_state=True))
+    rm.config = rm.config.model_copy(update={"method": "head"})
+    rm.save_pretrained(tmp_path / "rm")
+    path = tmp_path / "rm" / CONFIG_NAME
+    path.write_text(path.read_text().replace('"num_layers": 3', '"num_layers": 2'))
+    with pytest.raises(RewardModelFormatError, match="num_layers 2"):
+        TokenRewardModel.from_pretrained(tmp_path / "rm")
