@@ -14,6 +14,9 @@ directory, or an archived one whose ``run.tar.gz`` holds ``scores.jsonl`` and ``
 
     python benchmarks/compare_eval_runs.py docs/results/v2/toxicity docs/results/v4/toxicity \
         --names 0.2.0 0.4.0 --paired
+
+``--more A2 B2`` (repeatable) pools runs of the same two models on other prompts of the same sets into the paired
+comparison, e.g. a rerun of prompts 31-60 (``steerkit eval ... --offset 30 --limit 30``) beside the archived 1-30.
 """
 
 from __future__ import annotations
@@ -61,14 +64,24 @@ def table(a: Path, b: Path, names: tuple[str, str]) -> str:
     return f"Each cell: {names[0]} → {names[1]}.\n\n" + "\n".join(lines)
 
 
-def _per_prompt(run: Path) -> dict:
+def _per_prompt(*runs: Path) -> dict:
     """``{(setting, measure): {(prompt_set, index): values}}``: each scorer's scores (measure: the scorer's name) and
-    the perplexities (measure ``"perplexity"``) of one prompt's continuations."""
+    the perplexities (measure ``"perplexity"``) of one prompt's continuations, pooled over ``runs`` (runs of one model
+    on other prompts of the same sets, e.g. ``--offset 30``); a prompt in two of them is an error."""
     out: dict = {}
-    for r in read_records(run, "scores.jsonl"):
-        out.setdefault((r["setting"], r["scorer"]), {})[(r["prompt_set"], r["index"])] = r["scores"]
-    for r in read_records(run, "fluency.jsonl"):
-        out.setdefault((r["setting"], "perplexity"), {})[(r["prompt_set"], r["index"])] = r["perplexities"]
+
+    def put(key, prompt, values, run):
+        seen = out.setdefault(key, {})
+        if prompt in seen:
+            raise SystemExit(f"{run}: prompt {prompt} of {key[0]} is also in an earlier run; "
+                             "pool runs of other prompts")
+        seen[prompt] = values
+
+    for run in runs:
+        for r in read_records(run, "scores.jsonl"):
+            put((r["setting"], r["scorer"]), (r["prompt_set"], r["index"]), r["scores"], run)
+        for r in read_records(run, "fluency.jsonl"):
+            put((r["setting"], "perplexity"), (r["prompt_set"], r["index"]), r["perplexities"], run)
     return out
 
 
@@ -79,9 +92,11 @@ def _statistic(measure: str, groups: list[list[float]]) -> float:
     return average_max_toxicity(groups)
 
 
-def paired_table(a: Path, b: Path, names: tuple[str, str], resamples: int = 2000, seed: int = 0) -> str:
-    """B − A per (setting, measure) with a paired bootstrap 95% interval over the shared prompts."""
-    runs = [_per_prompt(a), _per_prompt(b)]
+def paired_table(a: Path, b: Path, names: tuple[str, str], resamples: int = 2000, seed: int = 0,
+                 more: list[tuple[Path, Path]] = ()) -> str:
+    """B − A per (setting, measure) with a paired bootstrap 95% interval over the shared prompts (``more``: further
+    runs of A and B on other prompts, pooled)."""
+    runs = [_per_prompt(a, *[m[0] for m in more]), _per_prompt(b, *[m[1] for m in more])]
     # the toxicity scorers: those whose metrics in the report have an average maximum toxicity
     results = json.loads((a / "metrics.json").read_text())["results"]
     measures = {"perplexity"} | {name for r in results for name, m in r["scorers"].items() if "avg_max_toxicity" in m}
@@ -117,11 +132,13 @@ def main() -> None:
     parser.add_argument("--names", nargs=2, default=["A", "B"])
     parser.add_argument("--paired", action="store_true",
                         help="add B − A with paired-bootstrap intervals over prompts")
+    parser.add_argument("--more", nargs=2, type=Path, action="append", default=[], metavar=("A2", "B2"),
+                        help="runs of the same two models on other prompts (e.g. --offset 30), pooled into --paired")
     args = parser.parse_args()
     print(table(args.a, args.b, tuple(args.names)))
     if args.paired:
         print()
-        print(paired_table(args.a, args.b, tuple(args.names)))
+        print(paired_table(args.a, args.b, tuple(args.names), more=args.more))
 
 
 if __name__ == "__main__":

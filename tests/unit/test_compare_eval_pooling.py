@@ -1,0 +1,56 @@
+"""benchmarks/compare_eval_runs.py --more: runs of two models on other prompts pooled into one paired comparison give
+what one run of all the prompts gives; a prompt in two pooled runs is refused."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def write_run(directory: Path, prompts: range, rng: random.Random) -> Path:
+    directory.mkdir(parents=True)
+    scores, fluency = [], []
+    for i in prompts:
+        for setting in ("k20-beta10", "k20-beta50"):
+            scores.append({"scorer": "tox", "prompt_set": "set", "index": i, "setting": setting,
+                           "scores": [rng.random() for _ in range(4)]})
+            fluency.append({"eval_lm": "lm", "prompt_set": "set", "index": i, "setting": setting,
+                            "perplexities": [rng.uniform(5, 50) for _ in range(4)]})
+    (directory / "scores.jsonl").write_text("".join(json.dumps(r) + "\n" for r in scores))
+    (directory / "fluency.jsonl").write_text("".join(json.dumps(r) + "\n" for r in fluency))
+    (directory / "metrics.json").write_text(json.dumps(
+        {"results": [{"prompt_set": "set", "setting": "k20-beta10", "scorers": {"tox": {"avg_max_toxicity": 0.1}}}]}))
+    return directory
+
+
+def split(run: Path, out: Path, keep) -> Path:
+    out.mkdir(parents=True)
+    for name in ("scores.jsonl", "fluency.jsonl"):
+        lines = [line for line in (run / name).read_text().splitlines() if keep(json.loads(line)["index"])]
+        (out / name).write_text("".join(line + "\n" for line in lines))
+    (out / "metrics.json").write_text((run / "metrics.json").read_text())
+    return out
+
+
+def test_pooled_runs_equal_one_run_of_all_prompts(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from compare_eval_runs import paired_table
+
+    a = write_run(tmp_path / "a", range(12), random.Random(0))
+    b = write_run(tmp_path / "b", range(12), random.Random(1))
+    parts = {name: (split(run, tmp_path / f"{name}1", lambda i: i < 5), split(run, tmp_path / f"{name}2",
+                                                                            lambda i: i >= 5))
+             for name, run in (("a", a), ("b", b))}
+    whole = paired_table(a, b, ("A", "B"), resamples=200)
+    pooled = paired_table(parts["a"][0], parts["b"][0], ("A", "B"), resamples=200,
+                          more=[(parts["a"][1], parts["b"][1])])
+    first = paired_table(parts["a"][0], parts["b"][0], ("A", "B"), resamples=200)
+    assert pooled == whole and "| 12 |" in whole
+    assert first != whole and "| 5 |" in first
+    with pytest.raises(SystemExit, match="also in an earlier run"):
+        paired_table(a, b, ("A", "B"), resamples=10, more=[(parts["a"][1], parts["b"][1])])
