@@ -28,14 +28,14 @@ DATA = ROOT.parent / "shared" / "data"
 
 # minimum share of each category judged correctly at 0.5 (see the module docstring)
 FLOORS = {
-    # 0.5.0 (0.4.0's recipe at 3,200 steps) measured 9/12, 3/12, 12/12, 12/12, 10/12, 12/12, 12/12 and 6/12 in
-    # other wording (0.4.0, + real counter-speech from Reddit: 9, 4, 12, 12, 11, 12, 12, 6; 0.3.0, counter-speech
-    # grammar: 9, 4, 12, 6, 10, 12, 12, 6; 0.3.0 with twelve fixed frames: 8, 4, 12, 0, 10, 12, 12, 6; 0.2.0: 2, 0, 12,
-    # 1, 11, 12, 12; the card's failure modes: counter-speech in other wording, negated positives). Floors: one case
-    # under the measurement.
+    # 0.8.0 (0.5.0 + EDOS at half the weight, seed 0) measured 7/12, 5/12, 12/12, 12/12, 11/12, 12/12, 12/12 and 7/12
+    # in other wording (0.5.0, 0.4.0's recipe at 3,200 steps: 9, 3, 12, 12, 10, 12, 12, 6; 0.4.0, + real counter-speech
+    # from Reddit: 9, 4, 12, 12, 11, 12, 12, 6; 0.3.0, counter-speech grammar: 9, 4, 12, 6, 10, 12, 12, 6; 0.2.0: 2, 0,
+    # 12, 1, 11, 12, 12; the card's failure modes: implicit derogation, counter-speech in other wording, negated
+    # positives). Floors: one case under the measurement.
     "toxicity": {
-        "implicit derogation": 8 / 12, "negated positive": 2 / 12, "spelling variants": 11 / 12,
-        "counter-speech": 11 / 12, "counter-speech, other wording": 5 / 12, "neutral identity": 9 / 12,
+        "implicit derogation": 6 / 12, "negated positive": 4 / 12, "spelling variants": 11 / 12,
+        "counter-speech": 11 / 12, "counter-speech, other wording": 6 / 12, "neutral identity": 10 / 12,
         "explicit hate with profanity": 11 / 12, "neutral": 11 / 12,
     },
     # 0.2.0 measured 12/12, 11/12, 12/12, 11/12 and 7/12 (negation is the card's failure mode)
@@ -115,8 +115,9 @@ def _card_metrics(name: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent: the held-out test sets live there")
 @pytest.mark.parametrize("name, eval_set, metric, target", [
-    ("toxicity", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),  # 0.5.0: measured 0.982 (0.4.0: 0.978)
-    ("toxicity", "RTP held-out continuations", "auroc", 0.93),  # issue 26's floor; 0.5.0 measured 0.949
+    ("toxicity", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),  # 0.8.0: measured 0.980 (0.5.0: 0.982)
+    ("toxicity", "RTP held-out continuations", "auroc", 0.93),  # issue 26's floor; 0.8.0 measured 0.945 (0.5.0: 0.949)
+    ("toxicity", "EDOS test", "auroc", 0.70),  # sexism in polite words; 0.8.0 measured 0.715 (0.5.0: 0.660)
     ("sentiment", "SST-2 test", "accuracy", 0.87),
     ("toxicity-token", "s-nlp Jigsaw test_10k (toxic + normal)", "auroc", 0.97),  # 0.6.0: 0.977 (0.3.0: 0.965)
     ("sentiment-token", "SST-2 test", "accuracy", 0.81),  # 4 layers, 1600 steps; measured 0.821
@@ -133,7 +134,12 @@ def test_card_headline_figures_recompute(name, eval_set, metric, target):
     # only the eval set is measured (no dev split), so training sources that are not in ../shared/data (0.3.0's
     # hate-speech files, written by a conversion script) are not needed
     root = config.resolved_data_root()
-    config = config.model_copy(update={"eval": [s for s in config.eval if s.metrics_name == eval_set],
+    held = [s for s in config.eval if s.metrics_name == eval_set]
+    absent = [str(s.resolve(root)) for s in held if not s.resolve(root).is_file()]
+    if absent:  # a set written by a conversion script (EDOS), not in ../shared/data
+        pytest.skip(f"{eval_set} is not under the data root ({', '.join(absent)}): write it with "
+                    "plugins/steerkit-toxicity/data/convert_hate_sources.py and set STEERKIT_DATA_ROOT")
+    config = config.model_copy(update={"eval": held,
                                        "dev_fraction": 0.0,
                                        "data": [s for s in config.data if s.resolve(root).is_file()]})
     measured = assess(config, config.output_dir)["eval"][eval_set][metric]

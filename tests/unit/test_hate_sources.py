@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "plugins" / "steerkit-toxicity"
 CONFIG = PLUGIN / "train.yaml"
 NEW_GROUPS = ["ToxiGen statements", "Stormfront"]  # 0.3.0 (0.4.0 adds "Reddit counterspeech")
-#: the EDOS experiment (train.yaml + EDOS; not shipped)
+#: the EDOS experiment (0.5.0's train_0.5.0.yaml + EDOS with counter-speech copies; not shipped)
 EDOS_CONFIG = PLUGIN / "train_edos_experiment.yaml"
 #: where the converted files are: $STEERKIT_DATA_ROOT (a data root with them, as train.yaml's --data-root), else
 #: ../shared/data
@@ -132,15 +132,29 @@ def test_profane_rows_of_one_label_are_relabelled_at_the_threshold(convert):
 
 def test_edos_trains_on_sexist_and_civil_not_sexist_posts_and_evaluates_on_its_test_split():
     config = TrainConfig.from_file(EDOS_CONFIG)
-    shipped = TrainConfig.from_file(CONFIG)
-    # the experiment is the shipped recipe plus EDOS, and writes nothing into the package
-    assert [s.name for s in config.data if s.metrics_name != "EDOS"] == [s.name for s in shipped.data]
+    previous = TrainConfig.from_file(PLUGIN / "train_0.5.0.yaml")
+    # the experiment is 0.5.0's recipe plus EDOS, and writes nothing into the package
+    assert [s.name for s in config.data if s.metrics_name != "EDOS"] == [s.name for s in previous.data]
     assert "steerkit_toxicity" not in str(config.output_dir)
     edos = [s for s in config.data if s.metrics_name == "EDOS"]
     assert [s.transform.map for s in edos] == [{"sexist": 1}, {"not sexist": 0}]  # `not sexist, profane` skipped
     assert all(s.path == "toxicity/edos_sexism/train.csv" and s.skip_invalid and "CC0" in s.licence for s in edos)
     test = [s for s in config.eval if s.path == "toxicity/edos_sexism/test.csv"]
     assert len(test) == 1 and test[0].transform.map == {"sexist": 1, "not sexist": 0}
+
+
+def test_the_shipped_recipe_is_the_light_edos_experiment_at_seed_0():
+    """0.8.0 (train.yaml) is train_edos_light_experiment.yaml (0.5.0's recipe and data, EDOS at half the weight, no
+    counter-speech copies of it) with seed 0, written into the package; 0.5.0's own config writes under runs/ only."""
+    shipped = TrainConfig.from_file(CONFIG).model_dump()
+    experiment = TrainConfig.from_file(PLUGIN / "train_edos_light_experiment.yaml").model_dump()
+    where = {"output_dir", "checkpoint_dir", "card", "intended_use", "limitations"}
+    assert shipped["seed"] == 0 and experiment["seed"] == 1
+    assert {k for k in shipped if shipped[k] != experiment[k]} - where == {"seed"}
+    assert [s["weight"] for s in shipped["data"] if s["group"] == "EDOS"] == [0.5, 0.25]
+    previous = TrainConfig.from_file(PLUGIN / "train_0.5.0.yaml")
+    for path in (previous.output_dir, previous.card, previous.checkpoint_dir):
+        assert (ROOT / "runs") in Path(path).resolve().parents, path
 
 
 def test_the_candidate_config_names_the_new_sources_with_their_licences():
@@ -189,7 +203,7 @@ def test_the_new_sources_share_no_text_with_the_functional_cases():
     config = TrainConfig.from_file(CONFIG, overrides={"data_root": str(DATA), "eval": []})
     dataset = config.read_dataset()
     new = {normalise(e.text) for e in dataset.train + dataset.dev
-           if dataset.sources[e.source].metrics_name in [*NEW_GROUPS, "Reddit counterspeech"]}
+           if dataset.sources[e.source].metrics_name in [*NEW_GROUPS, "Reddit counterspeech", "EDOS"]}
     assert len(new) > 6000 and not new & functional
 
 

@@ -18,7 +18,7 @@ check_distribution(needed_by="steerkit-toxicity")  # ForeignDistributionError if
 from steerkit import hookimpl
 from steerkit.rewards.packaged import describe_reward_model, reward_model_factory
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 NAME = "toxicity"
 ATTRIBUTE = "probability that the text is toxic"
