@@ -277,11 +277,11 @@ class RewardModel(nn.Module):
                 f"{config.backbone_fingerprint[:16]}…, but that reference now resolves to weights "
                 f"{source.fingerprint[:16]}…. Install the matching backbone or retrain the reward model."
             )
-        # A head on the whole, unchanged LM (token_head.lm_state, method "head") shares the process's loaded copy of
-        # it, the one steerkit's engine steers with: a second copy would sit unused while the engine hands the head
-        # the LM's own state (toxicity-lm: load 1.0 s -> 0.3 s; docs/token_rewards.md). Any other backbone is
-        # truncated or merged, so it gets a copy of its own.
-        shares = config.method == "head" and config.token_head is not None and config.token_head.lm_state
+        # A head on the whole, unchanged LM (token_head.lm_state; the config's validator holds it to method "head")
+        # shares the process's loaded copy of it, the one steerkit's engine steers with: a second copy would sit
+        # unused while the engine hands the head the LM's own state (toxicity-lm: load 1.0 s -> 0.3 s;
+        # docs/token_rewards.md). Any other backbone is truncated or merged, so it gets a copy of its own.
+        shares = config.reads_lm_state
         lm, _, _ = (load_causal_lm_cached if shares else load_causal_lm)(config.backbone)
         tokenizer = load_tokenizer(config.tokenizer or config.backbone)
         backbone = lm.base_model

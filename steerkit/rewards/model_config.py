@@ -66,9 +66,15 @@ class RewardModelConfig(BaseModel):
     kind: Literal["sequence", "token"] = "sequence"
     token_head: TokenHeadSettings | None = None
 
+    @property
+    def reads_lm_state(self) -> bool:
+        """A head on the LM's own final hidden state (``token_head.lm_state``): kind token, method head, all the LM's
+        layers unchanged, no start token (:mod:`steerkit.rewards.token.lm_state`)."""
+        return self.token_head is not None and self.token_head.lm_state
+
     @model_validator(mode="after")
     def _token_models_need_a_start_token(self) -> "RewardModelConfig":
-        lm_state = self.token_head is not None and self.token_head.lm_state
+        lm_state = self.reads_lm_state
         if lm_state and (self.kind != "token" or self.start_token_id is not None or self.method != "head"):
             raise ValueError("token_head.lm_state needs kind: token, method: head (the LM stays as it is) and "
                              "start_token_id: null (the LM reads a prompt without one).")

@@ -43,9 +43,10 @@ def test_pooled_runs_equal_one_run_of_all_prompts(tmp_path, monkeypatch):
 
     a = write_run(tmp_path / "a", range(12), random.Random(0))
     b = write_run(tmp_path / "b", range(12), random.Random(1))
-    parts = {name: (split(run, tmp_path / f"{name}1", lambda i: i < 5), split(run, tmp_path / f"{name}2",
-                                                                            lambda i: i >= 5))
-             for name, run in (("a", a), ("b", b))}
+    parts = {}  # each run split into prompts 0-4 and 5-11
+    for name, run in (("a", a), ("b", b)):
+        head = split(run, tmp_path / f"{name}1", lambda i: i < 5)
+        parts[name] = (head, split(run, tmp_path / f"{name}2", lambda i: i >= 5))
     whole = paired_table(a, b, ("A", "B"), resamples=200)
     pooled = paired_table(parts["a"][0], parts["b"][0], ("A", "B"), resamples=200,
                           more=[(parts["a"][1], parts["b"][1])])

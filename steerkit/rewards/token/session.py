@@ -62,8 +62,7 @@ class TokenReward:
     def reads_lm_state(self) -> bool:
         """True for a head on the LM's own final hidden state (``token_head.lm_state``): its sessions score from the
         state the engine hands them (:mod:`steerkit.rewards.token.lm_state`)."""
-        head = getattr(self.model.config, "token_head", None)
-        return bool(head is not None and head.lm_state)
+        return bool(getattr(self.model.config, "reads_lm_state", False))
 
     def start(self, prefixes: list[str], lm_tokenizer, lm=None) -> "TokenSession":
         """A session over ``len(prefixes)`` rows. ``lm``: the language model whose state the engine hands to a
