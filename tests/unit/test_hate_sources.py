@@ -130,6 +130,62 @@ def test_profane_rows_of_one_label_are_relabelled_at_the_threshold(convert):
     assert [r["label"] for r in rows] == ["not sexist, profane", "not sexist", "sexist"]
 
 
+IMPLICIT_TSV = (
+    "post\tclass\n"
+    "is it true that they are going to shoot white people nov 4th ?\timplicit_hate\n"
+    "white people are the majority .\tnot_hate\n"
+    "White people   are the majority.\tnot_hate\n"  # the same words: one row
+    "a text with two labels\tnot_hate\n"
+    "A text with two labels!\texplicit_hate\n"  # the same words, another class: both dropped
+)
+
+
+def test_implicit_hate_posts_are_read_once_and_split_by_their_text(convert):
+    splits = convert.split_implicit_hate(IMPLICIT_TSV)
+    rows = splits["train"] + splits["test"]
+    assert sorted(r["label"] for r in rows) == ["implicit_hate", "not_hate"]
+    assert {"label": "not_hate", "text": "white people are the majority ."} in rows
+    # the held-out tenth is a function of the words alone, so a post lands on the same side whatever the file order
+    for row in rows:
+        assert (row in splits["test"]) == convert.held_out(convert.key(row["text"]), convert.IMPLICIT_HATE_TEST_SHARE)
+    share = sum(convert.held_out(f"post {i}", 0.1) for i in range(20000)) / 20000
+    assert 0.09 < share < 0.11
+    with pytest.raises(ValueError, match="line 2: unknown class"):
+        convert.split_implicit_hate("post\tclass\nx\thateful\n")
+    with pytest.raises(ValueError, match="header"):
+        convert.split_implicit_hate("text\tlabel\nx\tnot_hate\n")
+
+
+SBIC_CSV = """offensiveYN,HITId,post,dataSource
+1.0,h1,Why do they always ... ?,r/meanjokes
+0.5,h1,Why do they always ... ?,r/meanjokes
+,h1,Why do they always ... ?,r/meanjokes
+0.0,h2,good morning,t/founta
+1.0,h3,a forum sentence,Stormfront
+,h4,nobody rated this,Gab
+"""
+
+
+def test_sbic_posts_get_the_mean_rating_and_trained_sources_are_left_out(convert):
+    rows = convert.aggregate_sbic(SBIC_CSV)
+    assert rows == [{"label": "0.7500", "annotators": 2, "source": "r/meanjokes", "text": "Why do they always ... ?"},
+                    {"label": "0.0000", "annotators": 1, "source": "t/founta", "text": "good morning"}]
+    with pytest.raises(ValueError, match="h9"):
+        convert.aggregate_sbic(SBIC_CSV + "2.0,h9,x,Gab\n")
+
+
+def test_the_implicit_hate_experiment_is_the_shipped_recipe_plus_the_corpus():
+    config = TrainConfig.from_file(PLUGIN / "train_implicit_hate_experiment.yaml").model_dump()
+    shipped = TrainConfig.from_file(CONFIG).model_dump()
+    assert [s for s in config["data"] if s["group"] != "Implicit Hate"] == shipped["data"]
+    assert config["eval"][:len(shipped["eval"])] == shipped["eval"]
+    assert {s["name"] for s in config["eval"][len(shipped["eval"]):]} == {"Implicit Hate test", "SBIC dev"}
+    where = {"output_dir", "checkpoint_dir", "card", "intended_use", "limitations", "data", "eval", "augment"}
+    assert {k for k in shipped if shipped[k] != config[k]} <= where
+    assert [v["sources"] for v in config["augment"]["views"] if v["transforms"] == ["detokenize"]] == [
+        [*[v["sources"] for v in shipped["augment"]["views"] if v["transforms"] == ["detokenize"]][0], "Implicit Hate"]]
+
+
 def test_edos_trains_on_sexist_and_civil_not_sexist_posts_and_evaluates_on_its_test_split():
     config = TrainConfig.from_file(EDOS_CONFIG)
     previous = TrainConfig.from_file(PLUGIN / "train_0.5.0.yaml")
@@ -207,6 +263,29 @@ def test_the_new_sources_share_no_text_with_the_functional_cases():
     assert len(new) > 6000 and not new & functional
 
 
+IMPLICIT_FILES = [DATA / "toxicity" / "implicit_hate" / "train.csv", DATA / "toxicity" / "implicit_hate" / "test.csv",
+                  DATA / "toxicity" / "sbic" / "dev.csv"]
+
+
+@requires_hate_data
+@pytest.mark.skipif(not all(p.is_file() for p in IMPLICIT_FILES),
+                    reason=f"the Implicit Hate and SBIC files are not under {DATA / 'toxicity'} (convert_hate_sources.py "
+                           "--implicit-hate --sbic writes them; set STEERKIT_DATA_ROOT to that data root)")
+def test_the_implicit_hate_files_read_with_the_documented_counts_and_miss_the_functional_cases():
+    config = TrainConfig.from_file(PLUGIN / "train_implicit_hate_experiment.yaml", overrides={"data_root": str(DATA)})
+    dataset = config.read_dataset()
+    by_name = {st.name: st for st in dataset.stats}
+    assert by_name["Implicit Hate (hate)"].used == 6388 + 966
+    assert by_name["Implicit Hate (not hate)"].used == 9921  # the 2,002 profane not-hate posts are skipped
+    held = {s.display_name: ex for s, ex, _ in dataset.eval_sets}
+    assert len(held["Implicit Hate test"]) == 2161 and sum(e.label for e in held["Implicit Hate test"]) == 695 + 114
+    assert len(held["SBIC dev"]) == 3997 and sum(e.label >= 0.5 for e in held["SBIC dev"]) == 2245
+    functional = {normalise(e.text) for e in held["functional cases"]}
+    trained = {normalise(e.text) for e in dataset.train + dataset.dev
+               if dataset.sources[e.source].metrics_name == "Implicit Hate"}
+    assert len(trained) > 16000 and not trained & functional
+
+
 # -- the CONAN experiment (plugins/steerkit-toxicity/data/convert_counter_speech.py; not shipped: research-only licence)
 
 @pytest.fixture(scope="module")
@@ -246,6 +325,7 @@ def test_conan_merge_deduplicates_on_words_and_drops_label_conflicts(conan):
     ("train_edos_experiment.yaml", "EDOS", "CC0"),
     ("train_edos_light_experiment.yaml", "EDOS", "CC0"),
     ("train_token_edos_experiment.yaml", "EDOS", "CC0"),
+    ("train_implicit_hate_experiment.yaml", "Implicit Hate", "CC-BY-4.0"),
 ])
 def test_the_counter_speech_experiments_are_not_shipped_configs(name, group, licence):
     """Experiments, not the shipped model (CONAN's licence allows research use only; the Reddit run is an experiment

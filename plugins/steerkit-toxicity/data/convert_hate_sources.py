@@ -5,7 +5,8 @@ needed: every file is read with ``git show COMMIT:PATH`` at the pinned commit):
 
     python plugins/steerkit-toxicity/data/convert_hate_sources.py \
         --toxigen /path/to/microsoft+TOXIGEN/repo --stormfront /path/to/Vicomtech+hate-speech-dataset/repo \
-        --edos /path/to/rewire-online+edos/repo --out ../shared/data/toxicity
+        --edos /path/to/rewire-online+edos/repo --implicit-hate /path/to/Steven-Herrera+GenAI-vs-Human-Hate/repo \
+        --sbic /path/to/Jimaras08+mlops-lab-example-yelp/repo --out ../shared/data/toxicity
 
 It writes
 
@@ -27,6 +28,21 @@ It writes
   In ``train.csv`` a ``not sexist`` post that alt-profanity-check scores 0.5 or more is labelled
   ``not sexist, profane``: "not sexist" says nothing of a post's other toxicity (insults, slurs, hate against other
   groups), so only the posts without profanity serve as negatives. This flag needs steerkit's ``eval`` extra.
+* ``implicit_hate/{train,test}.csv``: the Implicit Hate Corpus (ElSherief et al. 2021, "Latent Hatred"; CC BY 4.0,
+  the licence file inside the corpus folder): 21,480 tweets from the accounts of US hate groups and their followers,
+  labelled ``not_hate`` / ``implicit_hate`` / ``explicit_hate`` (stage 1, ``implicit_hate_v1_stg1_posts.tsv``).
+  Upstream hands the corpus out from a university Box folder behind a form; the copy read here is the unchanged
+  corpus folder committed to Steven-Herrera/GenAI-vs-Human-Hate (21,480 rows, the published class counts).
+  Columns ``label,text``; posts de-duplicated on ``key`` (a text with two labels is dropped); upstream has no
+  split, so ``test.csv`` is the tenth of posts whose key hashes (SHA-256) into it, never trained on. In
+  ``train.csv`` a ``not_hate`` post that alt-profanity-check scores 0.5 or more is ``not_hate, profane`` (as EDOS).
+* ``sbic/dev.csv``: the development split of the Social Bias Inference Corpus v2 (Sap et al. 2020, "Social Bias
+  Frames"; CC BY 4.0), an evaluation set only: Reddit jokes and forums, Gab and tweets, each post rated by three
+  crowd workers "could this be offensive to anyone" (1 yes, 0.5 maybe, 0 no). One row a post:
+  ``label,annotators,source,text`` with ``label`` the mean rating. Posts from Stormfront and Davidson's tweets are
+  left out (their sources are trained on). Upstream's host is a university web page; the copy read here is
+  ``SBIC.v2.dev.csv`` in the history of Jimaras08/mlops-lab-example-yelp, checked against the SHA-256 of the
+  release (its training and test files are over the fetch limit here).
 
 The LICENSE files of the repositories are copied next to the data (CDLA-Permissive-2.0 asks that its text
 travel with shared data; CC BY-SA asks for the licence notice). Stdlib only, but for EDOS's profanity flag;
@@ -38,6 +54,7 @@ from __future__ import annotations
 import argparse
 import ast
 import csv
+import hashlib
 import io
 import re
 import subprocess
@@ -50,6 +67,17 @@ TOXIGEN_COMMIT = "01517e814639e0334c920a3c502036c8158aac87"
 STORMFRONT_COMMIT = "b802137e8314c38a8d4faa965f9908d6c8e7a84d"
 EDOS_COMMIT = "b1f1fbcca9d42de0395432ada8fcfb5c35f68c77"
 EDOS_SPLITS = ("train", "dev", "test")
+IMPLICIT_HATE_COMMIT = "971f72d3ced3331207db684992e0020a4a4c5447"
+IMPLICIT_HATE_DIR = "data/implicit-hate-corpus"
+IMPLICIT_HATE_CLASSES = ("not_hate", "implicit_hate", "explicit_hate")
+#: the tenth of Implicit Hate posts held out as its test split (by the SHA-256 of their key)
+IMPLICIT_HATE_TEST_SHARE = 0.1
+SBIC_COMMIT = "8bee80da0a6005246c16e4c2ac66c9689f9a150e"
+SBIC_DEV = "data/raw/SBIC.v2.dev.csv"
+#: SHA-256 of the released SBIC.v2.dev.csv (the release's sizes and digests, as its Git LFS pointers record them)
+SBIC_DEV_SHA256 = "502eed536d2026ca7156a5fa137637b873a25d6011a811ff86136609b446c648"
+#: SBIC's sources that steerkit's toxicity recipes train on (Stormfront sentences, Davidson's tweets): left out
+SBIC_TRAINED_SOURCES = ("Stormfront", "t/davidson")
 #: A training row that alt-profanity-check scores at least this is relabelled as profane (see the module docstring).
 PROFANE_AT = 0.5
 
@@ -138,6 +166,62 @@ def split_edos(aggregated_csv: str) -> dict[str, list[dict]]:
         out[record["split"]].append({"rewire_id": record["rewire_id"], "label": record["label_sexist"],
                                      "category": record["label_category"], "text": " ".join(record["text"].split())})
     return out
+
+
+def split_implicit_hate(tsv: str) -> dict[str, list[dict]]:
+    """{"train", "test"}: rows ``{label, text}`` of ``implicit_hate_v1_stg1_posts.tsv`` (tab-separated, header
+    ``post, class``), each post once; raises on a class upstream does not define."""
+    by_key: dict[str, dict] = {}
+    conflicts: set[str] = set()
+    reader = csv.reader(io.StringIO(tsv), delimiter="\t")
+    header = next(reader)
+    if [h.strip() for h in header] != ["post", "class"]:
+        raise ValueError(f"Implicit Hate: unexpected header {header!r}")
+    for line, record in enumerate(reader, start=2):
+        if len(record) != 2:
+            raise ValueError(f"Implicit Hate line {line}: {len(record)} fields")
+        text, label = " ".join(record[0].split()), record[1].strip()
+        if label not in IMPLICIT_HATE_CLASSES:
+            raise ValueError(f"Implicit Hate line {line}: unknown class {label!r}")
+        k = key(text)
+        if not k:
+            continue
+        if k in by_key and by_key[k]["label"] != label:
+            conflicts.add(k)
+        by_key.setdefault(k, {"label": label, "text": text})
+    out: dict[str, list[dict]] = {"train": [], "test": []}
+    for k, row in by_key.items():
+        if k not in conflicts:
+            out["test" if held_out(k, IMPLICIT_HATE_TEST_SHARE) else "train"].append(row)
+    return out
+
+
+def held_out(k: str, share: float) -> bool:
+    """Whether the text of key ``k`` falls in a held-out ``share`` of texts: a pure function of the text."""
+    return int(hashlib.sha256(k.encode()).hexdigest()[:15], 16) / 16 ** 15 < share
+
+
+def aggregate_sbic(annotations_csv: str, leave_out: tuple[str, ...] = SBIC_TRAINED_SOURCES) -> list[dict]:
+    """One row ``{label, annotators, source, text}`` per post of an SBIC annotation file: ``label`` the mean of its
+    ``offensiveYN`` ratings (blank ones skipped; a post without a rating is dropped); posts from a ``leave_out``
+    source are dropped."""
+    posts: dict[str, dict] = {}
+    for record in csv.DictReader(io.StringIO(annotations_csv)):
+        post = posts.setdefault(record["post"], {"ratings": [], "sources": set()})
+        post["sources"].add(record["dataSource"])
+        if record["offensiveYN"].strip():
+            rating = float(record["offensiveYN"])
+            if rating not in (0.0, 0.5, 1.0):
+                raise ValueError(f"SBIC {record['HITId']}: offensiveYN {rating}")
+            post["ratings"].append(rating)
+    rows = []
+    for text, post in posts.items():
+        if not post["ratings"] or post["sources"] & set(leave_out):
+            continue
+        rows.append({"label": f"{sum(post['ratings']) / len(post['ratings']):.4f}",
+                     "annotators": len(post["ratings"]), "source": ";".join(sorted(post["sources"])),
+                     "text": " ".join(text.split())})
+    return rows
 
 
 def relabel_profane(rows: list[dict], score, label: str, profane_label: str, at: float = PROFANE_AT) -> int:
@@ -234,6 +318,36 @@ def write_edos(repo: Path, out_root: Path) -> None:
     _copy_blob(repo, commit, "LICENSE", out / "LICENSE")
 
 
+def write_implicit_hate(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, IMPLICIT_HATE_COMMIT)
+    splits = split_implicit_hate(_show(repo, commit, f"{IMPLICIT_HATE_DIR}/implicit_hate_v1_stg1_posts.tsv"))
+    flagged = relabel_profane(splits["train"], profanity_score(), "not_hate", "not_hate, profane")
+    print(f"Implicit Hate train: {flagged} 'not_hate' posts relabelled 'not_hate, profane' "
+          f"(alt-profanity-check >= {PROFANE_AT})")
+    out = out_root / "implicit_hate"
+    for name, rows in splits.items():
+        _write_csv(out / f"{name}.csv", rows, ["label", "text"])
+        counts = dict(Counter(r["label"] for r in rows))
+        print(f"Implicit Hate @{commit[:7]} {name}: {len(rows)} posts {counts} -> {out / (name + '.csv')}")
+    _copy_blob(repo, commit, f"{IMPLICIT_HATE_DIR}/LICENSE", out / "LICENSE")
+    _copy_blob(repo, commit, f"{IMPLICIT_HATE_DIR}/README.md", out / "README.md")
+
+
+def write_sbic(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, SBIC_COMMIT)
+    raw = _git(repo, "show", f"{commit}:{SBIC_DEV}")
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != SBIC_DEV_SHA256:
+        raise SystemExit(f"{SBIC_DEV} @{commit[:7]}: SHA-256 {digest}, not the release's {SBIC_DEV_SHA256}")
+    rows = aggregate_sbic(raw.decode("utf-8-sig"))
+    out = out_root / "sbic"
+    _write_csv(out / "dev.csv", rows, ["label", "annotators", "source", "text"])
+    _copy_blob(repo, commit, "data/raw/LICENSE", out / "LICENSE")
+    offensive = sum(float(r["label"]) >= 0.5 for r in rows)
+    print(f"SBIC dev @{commit[:7]}: {len(rows)} posts ({offensive} rated offensive at 0.5 or more; "
+          f"{', '.join(SBIC_TRAINED_SOURCES)} left out) -> {out / 'dev.csv'}")
+
+
 def run(description: str, sources: dict[str, tuple[str, Callable[[Path, Path], None]]],
         argv: list[str] | None = None) -> int:
     """The command line of a conversion script: ``--NAME GIT_DIR`` for each source (``{NAME: (help, write)}``, at
@@ -243,7 +357,8 @@ def run(description: str, sources: dict[str, tuple[str, Callable[[Path, Path], N
         parser.add_argument(f"--{name}", type=Path, help=help_text)
     parser.add_argument("--out", type=Path, required=True, help="the toxicity folder of the data root")
     args = parser.parse_args(argv)
-    given = [(getattr(args, name), write) for name, (_, write) in sources.items() if getattr(args, name) is not None]
+    given = [(getattr(args, name.replace("-", "_")), write) for name, (_, write) in sources.items()
+             if getattr(args, name.replace("-", "_")) is not None]
     if not given:
         parser.error("give at least one of " + ", ".join(f"--{name}" for name in sources))
     for repo, write in given:
@@ -255,7 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     return run(__doc__.split("\n\n")[0], {"toxigen": ("git directory of microsoft/TOXIGEN", write_toxigen),
                                            "stormfront": ("git directory of Vicomtech/hate-speech-dataset",
                                                           write_stormfront),
-                                           "edos": ("git directory of rewire-online/edos", write_edos)}, argv)
+                                           "edos": ("git directory of rewire-online/edos", write_edos),
+                                           "implicit-hate": ("git directory of Steven-Herrera/GenAI-vs-Human-Hate "
+                                                             "(the Implicit Hate Corpus)", write_implicit_hate),
+                                           "sbic": ("git directory of Jimaras08/mlops-lab-example-yelp (SBIC v2)",
+                                                    write_sbic)}, argv)
 
 
 if __name__ == "__main__":
