@@ -326,6 +326,8 @@ def test_conan_merge_deduplicates_on_words_and_drops_label_conflicts(conan):
     ("train_edos_light_experiment.yaml", "EDOS", "CC0"),
     ("train_token_edos_experiment.yaml", "EDOS", "CC0"),
     ("train_implicit_hate_experiment.yaml", "Implicit Hate", "CC-BY-4.0"),
+    ("train_implicit_hate_stance_experiment.yaml", "Implicit Hate", "CC-BY-4.0"),
+    ("train_token_implicit_hate_experiment.yaml", "Implicit Hate", "CC-BY-4.0"),
 ])
 def test_the_counter_speech_experiments_are_not_shipped_configs(name, group, licence):
     """Experiments, not the shipped model (CONAN's licence allows research use only; the Reddit run is an experiment
