@@ -31,8 +31,8 @@ It writes
 * ``implicit_hate/{train,test}.csv``: the Implicit Hate Corpus (ElSherief et al. 2021, "Latent Hatred"; CC BY 4.0,
   the licence file inside the corpus folder): 21,480 tweets from the accounts of US hate groups and their followers,
   labelled ``not_hate`` / ``implicit_hate`` / ``explicit_hate`` (stage 1, ``implicit_hate_v1_stg1_posts.tsv``).
-  Upstream hands the corpus out from a university Box folder behind a form; the copy read here is the unchanged
-  corpus folder committed to Steven-Herrera/GenAI-vs-Human-Hate (21,480 rows, the published class counts).
+  Upstream hands the corpus out from a university Box folder behind a form; the copy read here is the corpus folder
+  committed to Steven-Herrera/GenAI-vs-Human-Hate (21,480 rows, the published class counts).
   Columns ``label,text``; posts de-duplicated on ``key`` (a text with two labels is dropped); upstream has no
   split, so ``test.csv`` is the tenth of posts whose key hashes (SHA-256) into it, never trained on. In
   ``train.csv`` a ``not_hate`` post that alt-profanity-check scores 0.5 or more is ``not_hate, profane`` (as EDOS).
