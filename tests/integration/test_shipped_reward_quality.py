@@ -112,6 +112,29 @@ def _card_metrics(name: str) -> dict:
     return json.loads((ROOT / "plugins" / plugin / package / model / "metrics.json").read_text())
 
 
+def _measure_held_out(name: str, eval_set: str, metric: str, held_from: Path | None = None) -> float:
+    """``metric`` of the shipped model ``name`` on its config's held-out set ``eval_set`` (or that of the config
+    ``held_from``), scored by the model's own config; skips where the set's file is not under the data root."""
+    from steerkit.training.assess import assess
+    from steerkit.training.config import TrainConfig
+
+    plugin, _, _, train_config = SHIPPED[name]
+    config = TrainConfig.from_file(ROOT / "plugins" / plugin / train_config)
+    # only the eval set is measured (no dev split), so training sources that are not in ../shared/data (0.3.0's
+    # hate-speech files, written by a conversion script) are not needed
+    root = config.resolved_data_root()
+    source = TrainConfig.from_file(held_from) if held_from else config
+    held = [s for s in source.eval if s.metrics_name == eval_set]
+    absent = [str(s.resolve(root)) for s in held if not s.resolve(root).is_file()]
+    if absent:  # a set written by a conversion script (EDOS, SBIC), not in ../shared/data
+        pytest.skip(f"{eval_set} is not under the data root ({', '.join(absent)}): write it with "
+                    "plugins/steerkit-toxicity/data/convert_hate_sources.py and set STEERKIT_DATA_ROOT")
+    config = config.model_copy(update={"eval": held,
+                                       "dev_fraction": 0.0,
+                                       "data": [s for s in config.data if s.resolve(root).is_file()]})
+    return assess(config, config.output_dir)["eval"][eval_set][metric]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is absent: the held-out test sets live there")
 @pytest.mark.parametrize("name, eval_set, metric, target", [
@@ -126,23 +149,7 @@ def _card_metrics(name: str) -> dict:
     ("toxicity-lm", "RTP held-out continuations", "auroc", 0.85),
 ])
 def test_card_headline_figures_recompute(name, eval_set, metric, target):
-    from steerkit.training.assess import assess
-    from steerkit.training.config import TrainConfig
-
-    plugin, _, _, train_config = SHIPPED[name]
-    config = TrainConfig.from_file(ROOT / "plugins" / plugin / train_config)
-    # only the eval set is measured (no dev split), so training sources that are not in ../shared/data (0.3.0's
-    # hate-speech files, written by a conversion script) are not needed
-    root = config.resolved_data_root()
-    held = [s for s in config.eval if s.metrics_name == eval_set]
-    absent = [str(s.resolve(root)) for s in held if not s.resolve(root).is_file()]
-    if absent:  # a set written by a conversion script (EDOS), not in ../shared/data
-        pytest.skip(f"{eval_set} is not under the data root ({', '.join(absent)}): write it with "
-                    "plugins/steerkit-toxicity/data/convert_hate_sources.py and set STEERKIT_DATA_ROOT")
-    config = config.model_copy(update={"eval": held,
-                                       "dev_fraction": 0.0,
-                                       "data": [s for s in config.data if s.resolve(root).is_file()]})
-    measured = assess(config, config.output_dir)["eval"][eval_set][metric]
+    measured = _measure_held_out(name, eval_set, metric)
     claimed = _card_metrics(name)["eval"][eval_set][metric]
     assert measured == pytest.approx(claimed, abs=1e-4)
     assert measured >= target  # the issue's floor: no loss against the previous shipped model
@@ -153,18 +160,6 @@ def test_card_headline_figures_recompute(name, eval_set, metric, target):
 def test_card_sbic_figure_recomputes(name, claimed):
     """The cards' SBIC dev AUROC (a held-out set written by a conversion script, named in the Implicit Hate
     experiment's config, not in the shipped configs): each model scored by its own config's path."""
-    from steerkit.training.assess import assess
-    from steerkit.training.config import TrainConfig
-
-    plugin, _, _, train_config = SHIPPED[name]
-    config = TrainConfig.from_file(ROOT / "plugins" / plugin / train_config)
-    experiment = TrainConfig.from_file(ROOT / "plugins" / "steerkit-toxicity" / "train_implicit_hate_experiment.yaml")
-    held = [s for s in experiment.eval if s.metrics_name == "SBIC dev"]
-    root = config.resolved_data_root()
-    if root is None or not all(s.resolve(root).is_file() for s in held):
-        pytest.skip("SBIC dev is not under the data root: write it with plugins/steerkit-toxicity/data/"
-                    "convert_hate_sources.py --sbic and set STEERKIT_DATA_ROOT")
-    config = config.model_copy(update={"eval": held, "dev_fraction": 0.0,
-                                       "data": [s for s in config.data if s.resolve(root).is_file()]})
-    measured = assess(config, config.output_dir)["eval"]["SBIC dev"]["auroc"]
+    experiment = ROOT / "plugins" / "steerkit-toxicity" / "train_implicit_hate_experiment.yaml"
+    measured = _measure_held_out(name, "SBIC dev", "auroc", held_from=experiment)
     assert measured == pytest.approx(claimed, abs=5e-4)

@@ -206,6 +206,7 @@ def aggregate_sbic(annotations_csv: str, leave_out: tuple[str, ...] = SBIC_TRAIN
     ``offensiveYN`` ratings (blank ones skipped; a post without a rating is dropped); posts from a ``leave_out``
     source are dropped."""
     posts: dict[str, dict] = {}
+    dropped = set(leave_out)
     for record in csv.DictReader(io.StringIO(annotations_csv)):
         post = posts.setdefault(record["post"], {"ratings": [], "sources": set()})
         post["sources"].add(record["dataSource"])
@@ -216,7 +217,7 @@ def aggregate_sbic(annotations_csv: str, leave_out: tuple[str, ...] = SBIC_TRAIN
             post["ratings"].append(rating)
     rows = []
     for text, post in posts.items():
-        if not post["ratings"] or post["sources"] & set(leave_out):
+        if not post["ratings"] or post["sources"] & dropped:
             continue
         rows.append({"label": f"{sum(post['ratings']) / len(post['ratings']):.4f}",
                      "annotators": len(post["ratings"]), "source": ";".join(sorted(post["sources"])),
@@ -357,8 +358,8 @@ def run(description: str, sources: dict[str, tuple[str, Callable[[Path, Path], N
         parser.add_argument(f"--{name}", type=Path, help=help_text)
     parser.add_argument("--out", type=Path, required=True, help="the toxicity folder of the data root")
     args = parser.parse_args(argv)
-    given = [(getattr(args, name.replace("-", "_")), write) for name, (_, write) in sources.items()
-             if getattr(args, name.replace("-", "_")) is not None]
+    given = [(repo, write) for name, (_, write) in sources.items()
+             if (repo := getattr(args, name.replace("-", "_"))) is not None]
     if not given:
         parser.error("give at least one of " + ", ".join(f"--{name}" for name in sources))
     for repo, write in given:
