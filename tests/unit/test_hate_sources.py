@@ -286,6 +286,107 @@ def test_the_implicit_hate_files_read_with_the_documented_counts_and_miss_the_fu
     assert len(trained) > 16000 and not trained & functional
 
 
+
+SBIC_AGG_CSV = """,post,offensiveYN,dataSource
+0,"why do they always ... ?",0.6666666666666666,r/meanjokes
+1,a forum sentence,1.0,Stormfront
+2,"Why do they
+ always ... ?",0.0,Gab
+3,good morning,0.0,t/founta
+"""
+
+
+def test_aggregated_sbic_keeps_the_mean_rating_once_a_text_and_leaves_out_trained_sources(convert):
+    assert convert.aggregated_sbic(SBIC_AGG_CSV) == [
+        {"label": "0.6667", "source": "r/meanjokes", "text": "why do they always ... ?"},
+        {"label": "0.0000", "source": "t/founta", "text": "good morning"}]
+    with pytest.raises(ValueError, match="offensiveYN 1.5"):
+        convert.aggregated_sbic(SBIC_AGG_CSV + "4,x,1.5,Gab\n")
+
+
+CAD_TSV = ("id\ttext\tlabels\n"
+           "a1-post\tThey are vermin[linebreak]all of them\tIdentityDirectedAbuse\n"
+           "a2-comment\tCalling them vermin is vile\tCounterSpeech\n"
+           "a3-comment\tyou are an idiot and \"so\" are they\tCounterSpeech,PersonDirectedAbuse\n"
+           "a4-comment\tnice weather\tNeutral\n"
+           "a5-comment\t[linebreak]\tNeutral\n")
+
+
+def test_cad_entries_are_abuse_where_any_abuse_category_is_given_and_lose_their_line_markers(convert):
+    rows = convert.read_cad(CAD_TSV)
+    assert [(r["id"], r["label"], r["text"]) for r in rows] == [
+        ("a1-post", "abuse", "They are vermin all of them"),
+        ("a2-comment", "counter speech", "Calling them vermin is vile"),
+        ("a3-comment", "abuse", 'you are an idiot and "so" are they'), ("a4-comment", "neutral", "nice weather")]
+    assert rows[2]["categories"] == "CounterSpeech,PersonDirectedAbuse"
+    with pytest.raises(ValueError, match="a9.*Slur"):
+        convert.read_cad(CAD_TSV + "a9\tx\tSlur\n")
+
+
+def test_gab_hate_corpus_posts_are_hate_for_either_hate_category_and_vulgar_alone_otherwise(convert):
+    tsv = ("text\thd\tcv\tvo\nthey should all be shot\t0\t1\t0\nfilth, all of them\t1\t0\t1\n"
+           "what the hell\t0\t0\t1\nhello\t0\t0\t0\n")
+    assert [(r["label"], r["text"]) for r in convert.read_ghc(tsv)] == [
+        ("hate", "they should all be shot"), ("hate", "filth, all of them"), ("vulgar", "what the hell"),
+        ("none", "hello")]
+    with pytest.raises(ValueError, match="line 2"):
+        convert.read_ghc("text\thd\tcv\tvo\nx\t2\t0\t0\n")
+
+
+def test_training_rows_whose_text_is_held_out_are_dropped(convert):
+    train = [{"text": "They are  vermin."}, {"text": "hello there"}, {"text": "good day"}]
+    assert convert.drop_held_out_texts(train, [{"text": "they are vermin"}], [{"text": "Good day!"}]) == 2
+    assert train == [{"text": "hello there"}]
+
+
+CAD_CONFIGS = ["train_cad_experiment.yaml", "train_cad_ghc_experiment.yaml"]
+
+
+@pytest.mark.parametrize("name", CAD_CONFIGS)
+def test_the_cad_experiments_are_the_shipped_recipe_plus_their_sources(name):
+    config = TrainConfig.from_file(PLUGIN / name).model_dump()
+    shipped = TrainConfig.from_file(CONFIG).model_dump()
+    added = {"CAD"} | ({"Gab Hate Corpus"} if "ghc" in name else set())
+    assert [s for s in config["data"] if s["group"] not in added] == shipped["data"]
+    assert {s["group"] for s in config["data"]} - {s["group"] for s in shipped["data"]} == added
+    assert config["eval"][:len(shipped["eval"])] == shipped["eval"]
+    assert [s["name"] for s in config["eval"][len(shipped["eval"]):]] == [
+        "CAD test", "GHC test", "SBIC dev", "SBIC test", "Implicit Hate test"]
+    where = {"output_dir", "checkpoint_dir", "card", "intended_use", "limitations", "data", "eval"}
+    assert {k for k in shipped if shipped[k] != config[k]} <= where
+    # each training file is the converter's train split; the test splits are held out
+    assert {s["path"] for s in config["data"] if s["group"] in added} <= {
+        "toxicity/cad/train.csv", "toxicity/gab_hate_corpus/train.csv"}
+
+
+CAD_FILES = [*(DATA / "toxicity" / "cad" / f"{split}.csv" for split in ("train", "dev", "test")),
+             *(DATA / "toxicity" / "gab_hate_corpus" / f"{split}.csv" for split in ("train", "test")),
+             DATA / "toxicity" / "sbic" / "test.csv"]
+
+
+@requires_hate_data
+@pytest.mark.skipif(not all(p.is_file() for p in [*IMPLICIT_FILES, *CAD_FILES]),
+                    reason=f"the CAD, Gab Hate Corpus, SBIC and Implicit Hate files are not under {DATA / 'toxicity'} "
+                           "(convert_hate_sources.py --cad --ghc --sbic --sbic-test --implicit-hate writes them; set "
+                           "STEERKIT_DATA_ROOT to that data root)")
+def test_the_cad_and_gab_files_read_with_the_documented_counts_and_miss_the_held_out_texts():
+    config = TrainConfig.from_file(PLUGIN / "train_cad_ghc_experiment.yaml", overrides={"data_root": str(DATA)})
+    dataset = config.read_dataset()
+    by_name = {st.name: st for st in dataset.stats}
+    assert by_name["CAD (abuse)"].used == 2394
+    assert by_name["CAD (not abuse)"].used == 9270 + 98  # neutral and counter speech; 1,577 profane neutral skipped
+    assert by_name["GHC (hate)"].used == 1938
+    assert by_name["GHC (not hate)"].used == 17902  # 1,403 profane and 727 vulgar-only posts skipped
+    held = {s.display_name: ex for s, ex, _ in dataset.eval_sets}
+    assert len(held["CAD test"]) == 5305 and sum(e.label for e in held["CAD test"]) == 906
+    assert len(held["GHC test"]) == 4793 + 509 and sum(e.label for e in held["GHC test"]) == 509
+    assert len(held["SBIC test"]) == 3997 and sum(e.label >= 0.5 for e in held["SBIC test"]) == 2330
+    trained = {normalise(e.text) for e in dataset.train + dataset.dev
+               if dataset.sources[e.source].metrics_name in ("CAD", "Gab Hate Corpus")}
+    for name in ("functional cases", "CAD test", "GHC test"):
+        assert not trained & {normalise(e.text) for e in held[name]}, name
+    assert len(trained) > 30000
+
 # -- the CONAN experiment (plugins/steerkit-toxicity/data/convert_counter_speech.py; not shipped: research-only licence)
 
 @pytest.fixture(scope="module")
@@ -328,6 +429,9 @@ def test_conan_merge_deduplicates_on_words_and_drops_label_conflicts(conan):
     ("train_implicit_hate_experiment.yaml", "Implicit Hate", "CC-BY-4.0"),
     ("train_implicit_hate_stance_experiment.yaml", "Implicit Hate", "CC-BY-4.0"),
     ("train_token_implicit_hate_experiment.yaml", "Implicit Hate", "CC-BY-4.0"),
+    ("train_cad_experiment.yaml", "CAD", "CC-BY-4.0"),
+    ("train_cad_ghc_experiment.yaml", "CAD", "CC-BY-4.0"),
+    ("train_cad_ghc_experiment.yaml", "Gab Hate Corpus", "CC-BY-4.0"),
 ])
 def test_the_counter_speech_experiments_are_not_shipped_configs(name, group, licence):
     """Experiments, not the shipped model (CONAN's licence allows research use only; the Reddit run is an experiment

@@ -6,7 +6,9 @@ needed: every file is read with ``git show COMMIT:PATH`` at the pinned commit):
     python plugins/steerkit-toxicity/data/convert_hate_sources.py \
         --toxigen /path/to/microsoft+TOXIGEN/repo --stormfront /path/to/Vicomtech+hate-speech-dataset/repo \
         --edos /path/to/rewire-online+edos/repo --implicit-hate /path/to/Steven-Herrera+GenAI-vs-Human-Hate/repo \
-        --sbic /path/to/Jimaras08+mlops-lab-example-yelp/repo --out ../shared/data/toxicity
+        --sbic /path/to/Jimaras08+mlops-lab-example-yelp/repo --sbic-test /path/to/shallinan1+MarcoDetoxification/repo \
+        --cad /path/to/NoamElul+cis-5300-final/repo --ghc /path/to/liuchaoqun+hate-speech-datasets/repo \
+        --out ../shared/data/toxicity
 
 It writes
 
@@ -43,6 +45,23 @@ It writes
   left out (their sources are trained on). Upstream's host is a university web page; the copy read here is
   ``SBIC.v2.dev.csv`` in the history of Jimaras08/mlops-lab-example-yelp, checked against the SHA-256 of the
   release (its training and test files are over the fetch limit here).
+* ``sbic/test.csv``: SBIC v2's test split, from the aggregated release file (``SBIC.v2.agg.tst.csv``, one row a
+  post, ``offensiveYN`` the mean rating), checked against the release's SHA-256; the copy read is in
+  shallinan1/MarcoDetoxification ``datasets/sbf/``. ``label,source,text``; the same sources left out as in dev.
+* ``cad/{train,dev,test}.csv``: CAD v1.1, the Contextual Abuse Dataset (Vidgen et al. 2021; CC BY 4.0 as published on
+  Zenodo, 10.5281/zenodo.4881008): Reddit post titles, bodies and comments labelled by trained annotators, with
+  the thread in view, as identity-, affiliation- or person-directed abuse, counter speech or neutral. The release's
+  own split files (``cad_v1_1_{train,dev,test}.tsv``, with the Zenodo README) as committed to
+  NoamElul/cis-5300-final; no digest of the release could be found to check them against. ``id,label,categories,
+  text``: ``label`` ``abuse`` where any abuse category is given, else ``counter speech`` or ``neutral``. In
+  ``train.csv`` a training entry whose text is also in dev or test is dropped, and a ``neutral`` entry that
+  alt-profanity-check scores 0.5 or more is ``neutral, profane`` (as EDOS).
+* ``gab_hate_corpus/{train,test}.csv``: the Gab Hate Corpus (Kennedy et al. 2022; CC BY 4.0 as published on OSF,
+  osf.io/edua3): Gab posts, each labelled by at least three trained annotators; the release's ``ghc_train.tsv``
+  and ``ghc_test.tsv`` (majority labels) as committed to liuchaoqun/hate-speech-datasets. ``label,hd,cv,vo,text``:
+  ``hate`` for an assault on human dignity or a call for violence, ``vulgar`` for vulgarity alone, else ``none``
+  (``none, profane`` in ``train.csv`` where alt-profanity-check scores 0.5 or more); training posts whose text is
+  in test are dropped. Neither copy states a licence of its own.
 
 The LICENSE files of the repositories are copied next to the data (CDLA-Permissive-2.0 asks that its text
 travel with shared data; CC BY-SA asks for the licence notice). Stdlib only, but for EDOS's profanity flag;
@@ -78,6 +97,17 @@ SBIC_DEV = "data/raw/SBIC.v2.dev.csv"
 SBIC_DEV_SHA256 = "502eed536d2026ca7156a5fa137637b873a25d6011a811ff86136609b446c648"
 #: SBIC's sources that steerkit's toxicity recipes train on (Stormfront sentences, Davidson's tweets): left out
 SBIC_TRAINED_SOURCES = ("Stormfront", "t/davidson")
+#: SBIC v2's aggregated test split (one row a post, offensiveYN already the mean), as released (its SHA-256 as above)
+SBIC_TEST_COMMIT = "9ffb7fe0b373cc862d5a430a147dd3c07b9c9fdc"
+SBIC_TEST = "datasets/sbf/SBIC.v2.agg.tst.csv"
+SBIC_TEST_SHA256 = "12982a534e60a2275f134d07038d1bfd46b252835f269959ec7ed6216f5ee53a"
+CAD_COMMIT = "3c569a14950d76b911d6444953a3d617d99f60cd"
+CAD_DIR = "data/reddit-abusive-comments"
+CAD_SPLITS = ("train", "dev", "test")
+CAD_ABUSE = ("IdentityDirectedAbuse", "AffiliationDirectedAbuse", "PersonDirectedAbuse")
+CAD_CATEGORIES = (*CAD_ABUSE, "CounterSpeech", "Neutral")
+GHC_COMMIT = "98f3ee8104cf87bb91ed3e64c31a3097b9f8de84"
+GHC_DIR = "GabHateCorpus/Data"
 #: A training row that alt-profanity-check scores at least this is relabelled as profane (see the module docstring).
 PROFANE_AT = 0.5
 
@@ -225,6 +255,67 @@ def aggregate_sbic(annotations_csv: str, leave_out: tuple[str, ...] = SBIC_TRAIN
     return rows
 
 
+def aggregated_sbic(agg_csv: str, leave_out: tuple[str, ...] = SBIC_TRAINED_SOURCES) -> list[dict]:
+    """One row ``{label, source, text}`` per post of an aggregated SBIC file (``SBIC.v2.agg.*.csv``: one row a post,
+    ``offensiveYN`` the mean rating); posts from a ``leave_out`` source and repeated texts are dropped."""
+    rows, seen = [], set()
+    for record in csv.DictReader(io.StringIO(agg_csv)):
+        rating = float(record["offensiveYN"])
+        if not 0.0 <= rating <= 1.0:
+            raise ValueError(f"SBIC post {record['']}: offensiveYN {rating}")
+        text = " ".join(record["post"].split())
+        if record["dataSource"] in leave_out or not key(text) or key(text) in seen:
+            continue
+        seen.add(key(text))
+        rows.append({"label": f"{rating:.4f}", "source": record["dataSource"], "text": text})
+    return rows
+
+
+def read_cad(tsv: str) -> list[dict]:
+    """Rows ``{id, label, categories, text}`` of a CAD v1.1 split file (tab-separated ``id, text, labels``, no
+    quoting; ``labels`` a comma-separated set of CAD_CATEGORIES): ``label`` is ``abuse`` where any abuse category is
+    given (identity-, affiliation- or person-directed), else ``counter speech`` or ``neutral``. Reddit's
+    ``[linebreak]`` markers become spaces; empty texts are dropped; raises on a category CAD does not define."""
+    rows = []
+    for record in csv.DictReader(io.StringIO(tsv), delimiter="\t", quoting=csv.QUOTE_NONE):
+        categories = record["labels"].split(",")
+        if unknown := set(categories) - set(CAD_CATEGORIES):
+            raise ValueError(f"CAD {record['id']}: unknown categories {sorted(unknown)}")
+        text = " ".join(record["text"].replace("[linebreak]", " ").split())
+        if not key(text):
+            continue
+        label = ("abuse" if set(categories) & set(CAD_ABUSE)
+                 else "counter speech" if "CounterSpeech" in categories else "neutral")
+        rows.append({"id": record["id"], "label": label, "categories": record["labels"], "text": text})
+    return rows
+
+
+def read_ghc(tsv: str) -> list[dict]:
+    """Rows ``{label, hd, cv, vo, text}`` of a Gab Hate Corpus file (``ghc_train.tsv`` / ``ghc_test.tsv``: ``text,
+    hd, cv, vo``, the majority of at least three annotators): ``label`` is ``hate`` for the corpus's two hate
+    categories (assault on human dignity, call for violence), ``vulgar`` for vulgarity alone, else ``none``."""
+    rows = []
+    for line, record in enumerate(csv.DictReader(io.StringIO(tsv), delimiter="\t"), start=2):
+        flags = {name: record[name] for name in ("hd", "cv", "vo")}
+        if set(flags.values()) - {"0", "1"}:
+            raise ValueError(f"Gab Hate Corpus line {line}: labels {flags}")
+        text = " ".join(record["text"].split())
+        if not key(text):
+            continue
+        label = "hate" if "1" in (flags["hd"], flags["cv"]) else "vulgar" if flags["vo"] == "1" else "none"
+        rows.append({"label": label, **flags, "text": text})
+    return rows
+
+
+def drop_held_out_texts(train: list[dict], *held: list[dict]) -> int:
+    """Remove, in place, the training rows whose text (by `key`) is in a held-out split; returns how many."""
+    keys = {key(r["text"]) for rows in held for r in rows}
+    kept = [r for r in train if key(r["text"]) not in keys]
+    dropped = len(train) - len(kept)
+    train[:] = kept
+    return dropped
+
+
 def relabel_profane(rows: list[dict], score, label: str, profane_label: str, at: float = PROFANE_AT) -> int:
     """Relabel, in place, each row labelled ``label`` whose text ``score`` (texts -> probabilities of profanity) puts
     at ``at`` or more as ``profane_label``; returns how many."""
@@ -349,6 +440,48 @@ def write_sbic(repo: Path, out_root: Path) -> None:
           f"{', '.join(SBIC_TRAINED_SOURCES)} left out) -> {out / 'dev.csv'}")
 
 
+def write_sbic_test(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, SBIC_TEST_COMMIT)
+    raw = _git(repo, "show", f"{commit}:{SBIC_TEST}")
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != SBIC_TEST_SHA256:
+        raise SystemExit(f"{SBIC_TEST} @{commit[:7]}: SHA-256 {digest}, not the release's {SBIC_TEST_SHA256}")
+    rows = aggregated_sbic(raw.decode("utf-8-sig"))
+    out = out_root / "sbic"
+    _write_csv(out / "test.csv", rows, ["label", "source", "text"])
+    _copy_blob(repo, commit, "datasets/sbf/LICENSE", out / "LICENSE")
+    offensive = sum(float(r["label"]) >= 0.5 for r in rows)
+    print(f"SBIC test @{commit[:7]}: {len(rows)} posts ({offensive} rated offensive at 0.5 or more; "
+          f"{', '.join(SBIC_TRAINED_SOURCES)} left out) -> {out / 'test.csv'}")
+
+
+def write_cad(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, CAD_COMMIT)
+    splits = {split: read_cad(_show(repo, commit, f"{CAD_DIR}/cad_v1_1_{split}.tsv")) for split in CAD_SPLITS}
+    dropped = drop_held_out_texts(splits["train"], splits["dev"], splits["test"])
+    flagged = relabel_profane(splits["train"], profanity_score(), "neutral", "neutral, profane")
+    out = out_root / "cad"
+    for split, rows in splits.items():
+        _write_csv(out / f"{split}.csv", rows, ["id", "label", "categories", "text"])
+        print(f"CAD @{commit[:7]} {split}: {len(rows)} entries {dict(Counter(r['label'] for r in rows))}")
+    _copy_blob(repo, commit, f"{CAD_DIR}/README.txt", out / "README.upstream.txt")
+    print(f"CAD train: {dropped} entries whose text is in dev or test dropped; {flagged} neutral entries flagged "
+          f"'neutral, profane' (alt-profanity-check >= {PROFANE_AT}) -> {out}")
+
+
+def write_ghc(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, GHC_COMMIT)
+    splits = {split: read_ghc(_show(repo, commit, f"{GHC_DIR}/ghc_{split}.tsv")) for split in ("train", "test")}
+    dropped = drop_held_out_texts(splits["train"], splits["test"])
+    flagged = relabel_profane(splits["train"], profanity_score(), "none", "none, profane")
+    out = out_root / "gab_hate_corpus"
+    for split, rows in splits.items():
+        _write_csv(out / f"{split}.csv", rows, ["label", "hd", "cv", "vo", "text"])
+        print(f"Gab Hate Corpus @{commit[:7]} {split}: {len(rows)} posts {dict(Counter(r['label'] for r in rows))}")
+    print(f"Gab Hate Corpus train: {dropped} posts whose text is in test dropped; {flagged} posts without a label "
+          f"flagged 'none, profane' (alt-profanity-check >= {PROFANE_AT}) -> {out}")
+
+
 def run(description: str, sources: dict[str, tuple[str, Callable[[Path, Path], None]]],
         argv: list[str] | None = None) -> int:
     """The command line of a conversion script: ``--NAME GIT_DIR`` for each source (``{NAME: (help, write)}``, at
@@ -375,7 +508,13 @@ def main(argv: list[str] | None = None) -> int:
                                            "implicit-hate": ("git directory of Steven-Herrera/GenAI-vs-Human-Hate "
                                                              "(the Implicit Hate Corpus)", write_implicit_hate),
                                            "sbic": ("git directory of Jimaras08/mlops-lab-example-yelp (SBIC v2)",
-                                                    write_sbic)}, argv)
+                                                    write_sbic),
+                                           "sbic-test": ("git directory of shallinan1/MarcoDetoxification (SBIC v2's "
+                                                         "aggregated test split)", write_sbic_test),
+                                           "cad": ("git directory of NoamElul/cis-5300-final (CAD v1.1's splits)",
+                                                   write_cad),
+                                           "ghc": ("git directory of liuchaoqun/hate-speech-datasets (the Gab Hate "
+                                                   "Corpus)", write_ghc)}, argv)
 
 
 if __name__ == "__main__":
