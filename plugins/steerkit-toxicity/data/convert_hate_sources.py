@@ -425,34 +425,32 @@ def write_implicit_hate(repo: Path, out_root: Path) -> None:
     _copy_blob(repo, commit, f"{IMPLICIT_HATE_DIR}/README.md", out / "README.md")
 
 
-def write_sbic(repo: Path, out_root: Path) -> None:
-    commit = _resolve(repo, SBIC_COMMIT)
-    raw = _git(repo, "show", f"{commit}:{SBIC_DEV}")
+def _write_sbic_split(repo: Path, pin: str, path: str, sha256: str, read: Callable[[str], list[dict]], split: str,
+                      fields: list[str], licence: str, out_root: Path) -> None:
+    """Write ``sbic/{split}.csv`` from the SBIC release file at ``path`` (checked against the release's ``sha256``)
+    read into rows by ``read``, with the release's LICENSE beside it."""
+    commit = _resolve(repo, pin)
+    raw = _git(repo, "show", f"{commit}:{path}")
     digest = hashlib.sha256(raw).hexdigest()
-    if digest != SBIC_DEV_SHA256:
-        raise SystemExit(f"{SBIC_DEV} @{commit[:7]}: SHA-256 {digest}, not the release's {SBIC_DEV_SHA256}")
-    rows = aggregate_sbic(raw.decode("utf-8-sig"))
+    if digest != sha256:
+        raise SystemExit(f"{path} @{commit[:7]}: SHA-256 {digest}, not the release's {sha256}")
+    rows = read(raw.decode("utf-8-sig"))
     out = out_root / "sbic"
-    _write_csv(out / "dev.csv", rows, ["label", "annotators", "source", "text"])
-    _copy_blob(repo, commit, "data/raw/LICENSE", out / "LICENSE")
+    _write_csv(out / f"{split}.csv", rows, fields)
+    _copy_blob(repo, commit, licence, out / "LICENSE")
     offensive = sum(float(r["label"]) >= 0.5 for r in rows)
-    print(f"SBIC dev @{commit[:7]}: {len(rows)} posts ({offensive} rated offensive at 0.5 or more; "
-          f"{', '.join(SBIC_TRAINED_SOURCES)} left out) -> {out / 'dev.csv'}")
+    print(f"SBIC {split} @{commit[:7]}: {len(rows)} posts ({offensive} rated offensive at 0.5 or more; "
+          f"{', '.join(SBIC_TRAINED_SOURCES)} left out) -> {out / (split + '.csv')}")
+
+
+def write_sbic(repo: Path, out_root: Path) -> None:
+    _write_sbic_split(repo, SBIC_COMMIT, SBIC_DEV, SBIC_DEV_SHA256, aggregate_sbic, "dev",
+                      ["label", "annotators", "source", "text"], "data/raw/LICENSE", out_root)
 
 
 def write_sbic_test(repo: Path, out_root: Path) -> None:
-    commit = _resolve(repo, SBIC_TEST_COMMIT)
-    raw = _git(repo, "show", f"{commit}:{SBIC_TEST}")
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != SBIC_TEST_SHA256:
-        raise SystemExit(f"{SBIC_TEST} @{commit[:7]}: SHA-256 {digest}, not the release's {SBIC_TEST_SHA256}")
-    rows = aggregated_sbic(raw.decode("utf-8-sig"))
-    out = out_root / "sbic"
-    _write_csv(out / "test.csv", rows, ["label", "source", "text"])
-    _copy_blob(repo, commit, "datasets/sbf/LICENSE", out / "LICENSE")
-    offensive = sum(float(r["label"]) >= 0.5 for r in rows)
-    print(f"SBIC test @{commit[:7]}: {len(rows)} posts ({offensive} rated offensive at 0.5 or more; "
-          f"{', '.join(SBIC_TRAINED_SOURCES)} left out) -> {out / 'test.csv'}")
+    _write_sbic_split(repo, SBIC_TEST_COMMIT, SBIC_TEST, SBIC_TEST_SHA256, aggregated_sbic, "test",
+                      ["label", "source", "text"], "datasets/sbf/LICENSE", out_root)
 
 
 def write_cad(repo: Path, out_root: Path) -> None:
