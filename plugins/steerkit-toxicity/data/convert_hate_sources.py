@@ -264,9 +264,10 @@ def aggregated_sbic(agg_csv: str, leave_out: tuple[str, ...] = SBIC_TRAINED_SOUR
         if not 0.0 <= rating <= 1.0:
             raise ValueError(f"SBIC post {record['']}: offensiveYN {rating}")
         text = " ".join(record["post"].split())
-        if record["dataSource"] in leave_out or not key(text) or key(text) in seen:
+        k = key(text)
+        if record["dataSource"] in leave_out or not k or k in seen:
             continue
-        seen.add(key(text))
+        seen.add(k)
         rows.append({"label": f"{rating:.4f}", "source": record["dataSource"], "text": text})
     return rows
 
@@ -369,6 +370,15 @@ def _copy_blob(repo: Path, commit: str, path: str, dest: Path) -> None:
     dest.write_bytes(_git(repo, "show", f"{commit}:{path}"))
 
 
+def _write_splits(out: Path, splits: dict[str, list[dict]], fields: list[str], what: str, commit: str,
+                  unit: str = "posts") -> None:
+    """Write each split's rows to ``out/{split}.csv`` and report its label counts."""
+    for name, rows in splits.items():
+        _write_csv(out / f"{name}.csv", rows, fields)
+        counts = dict(Counter(r["label"] for r in rows))
+        print(f"{what} @{commit[:7]} {name}: {len(rows)} {unit} {counts} -> {out / (name + '.csv')}")
+
+
 def write_toxigen(repo: Path, out_root: Path) -> None:
     commit = _resolve(repo, TOXIGEN_COMMIT)
     demos = {p: _show(repo, commit, p) for p in _ls(repo, commit, "demonstrations") if p.endswith(".txt")}
@@ -403,10 +413,7 @@ def write_edos(repo: Path, out_root: Path) -> None:
     print(f"EDOS train: {flagged} 'not sexist' posts relabelled 'not sexist, profane' "
           f"(alt-profanity-check >= {PROFANE_AT})")
     out = out_root / "edos_sexism"
-    for name, rows in splits.items():
-        _write_csv(out / f"{name}.csv", rows, ["rewire_id", "label", "category", "text"])
-        counts = dict(Counter(r["label"] for r in rows))
-        print(f"EDOS @{commit[:7]} {name}: {len(rows)} posts {counts} -> {out / (name + '.csv')}")
+    _write_splits(out, splits, ["rewire_id", "label", "category", "text"], "EDOS", commit)
     _copy_blob(repo, commit, "LICENSE", out / "LICENSE")
 
 
@@ -417,10 +424,7 @@ def write_implicit_hate(repo: Path, out_root: Path) -> None:
     print(f"Implicit Hate train: {flagged} 'not_hate' posts relabelled 'not_hate, profane' "
           f"(alt-profanity-check >= {PROFANE_AT})")
     out = out_root / "implicit_hate"
-    for name, rows in splits.items():
-        _write_csv(out / f"{name}.csv", rows, ["label", "text"])
-        counts = dict(Counter(r["label"] for r in rows))
-        print(f"Implicit Hate @{commit[:7]} {name}: {len(rows)} posts {counts} -> {out / (name + '.csv')}")
+    _write_splits(out, splits, ["label", "text"], "Implicit Hate", commit)
     _copy_blob(repo, commit, f"{IMPLICIT_HATE_DIR}/LICENSE", out / "LICENSE")
     _copy_blob(repo, commit, f"{IMPLICIT_HATE_DIR}/README.md", out / "README.md")
 
@@ -459,9 +463,7 @@ def write_cad(repo: Path, out_root: Path) -> None:
     dropped = drop_held_out_texts(splits["train"], splits["dev"], splits["test"])
     flagged = relabel_profane(splits["train"], profanity_score(), "neutral", "neutral, profane")
     out = out_root / "cad"
-    for split, rows in splits.items():
-        _write_csv(out / f"{split}.csv", rows, ["id", "label", "categories", "text"])
-        print(f"CAD @{commit[:7]} {split}: {len(rows)} entries {dict(Counter(r['label'] for r in rows))}")
+    _write_splits(out, splits, ["id", "label", "categories", "text"], "CAD", commit, unit="entries")
     _copy_blob(repo, commit, f"{CAD_DIR}/README.txt", out / "README.upstream.txt")
     print(f"CAD train: {dropped} entries whose text is in dev or test dropped; {flagged} neutral entries flagged "
           f"'neutral, profane' (alt-profanity-check >= {PROFANE_AT}) -> {out}")
@@ -473,9 +475,7 @@ def write_ghc(repo: Path, out_root: Path) -> None:
     dropped = drop_held_out_texts(splits["train"], splits["test"])
     flagged = relabel_profane(splits["train"], profanity_score(), "none", "none, profane")
     out = out_root / "gab_hate_corpus"
-    for split, rows in splits.items():
-        _write_csv(out / f"{split}.csv", rows, ["label", "hd", "cv", "vo", "text"])
-        print(f"Gab Hate Corpus @{commit[:7]} {split}: {len(rows)} posts {dict(Counter(r['label'] for r in rows))}")
+    _write_splits(out, splits, ["label", "hd", "cv", "vo", "text"], "Gab Hate Corpus", commit)
     print(f"Gab Hate Corpus train: {dropped} posts whose text is in test dropped; {flagged} posts without a label "
           f"flagged 'none, profane' (alt-profanity-check >= {PROFANE_AT}) -> {out}")
 
