@@ -14,6 +14,18 @@ Three precisions; biases stay float32 in all of them:
   product is accumulated exactly in int32 (``torch._int_mm``) and rescaled to float32. On the CPU only; about 1.5x
   bf16's products at 320 rows on a CPU with AVX512_VNNI, about 2x float32's where torch is held to AVX2
   (docs/backends.md, "int8 matmuls").
+
+**A CPU without the instructions** (AVX2 only: no AVX512BW/VL/DQ, AVX-NE-CONVERT or AMX for bf16; no VNNI,
+AVX512BW or AMX for int8). There oneDNN has no bf16 or int8 kernel and torch multiplies element by element: on an
+AVX2-only EPYC a [320 x 576] x [576 x 1536] product took 470 ms in bf16 and 482 ms in int8 against 14 ms in float32.
+So there the same products are computed through float32's kernels, with the same result:
+
+* bf16: the bf16 input and weight are exact in float32, the sum is accumulated in float32 and the output rounded to
+  bf16, as in oneDNN's bf16 product (the order of the sums may differ);
+* int8: every product of two int8 values and every partial sum of up to 1,024 of them is an integer below 2**24,
+  which float32 holds exactly, so the int32 result is bitwise ``torch._int_mm``'s (longer sums are added in int32).
+
+Neither is faster than float32 there: the reduced precisions pay only on a CPU that multiplies them natively.
 """
 
 from __future__ import annotations
@@ -62,13 +74,18 @@ def packed_bf16_product(layer: nn.Module, x: torch.Tensor, transposed: bool = Fa
         return None
     cached = _PACKED.get(layer)
     if cached is None or cached[0] is not weight or cached[1] != weight._version:
+        plain = (weight.t() if transposed else weight).contiguous()
         try:  # 16: a row-count hint only; any number of rows multiplies
-            packed = torch.ops.mkldnn._reorder_linear_weight((weight.t() if transposed else weight).contiguous(), 16)
-        except (RuntimeError, AttributeError):  # no bf16 oneDNN here (e.g. AVX2 only), or a torch without the op
+            packed = torch.ops.mkldnn._reorder_linear_weight(plain, 16)
+        except RuntimeError:  # this CPU's oneDNN has no bf16 product (AVX2 only): float32's kernels, same sums
+            packed = plain.float()
+        except AttributeError:  # a torch without the op
             packed = None
         cached = _PACKED[layer] = (weight, weight._version, packed)
     if cached[2] is None:
         return None
+    if cached[2].dtype == torch.float32:
+        return F.linear(x.float(), cached[2]).to(torch.bfloat16)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), cached[2], None, "none", [], "")
 
 
@@ -103,8 +120,35 @@ def int8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tens
     in int32 and rescaled. float32 [M, N]."""
     x = x.float()
     scale = x.abs().amax(-1, keepdim=True).clamp_(min=_TINY).div_(127.0)
-    product = torch._int_mm(torch.round(x / scale).to(torch.int8), weight)
+    quantized = torch.round(x / scale).to(torch.int8)
+    product = torch._int_mm(quantized, weight) if cpu_multiplies_int8() else int8_mm_through_float32(quantized, weight)
     return product.to(torch.float32).mul_(scale).mul_(weight_scale)
+
+
+#: the longest sum of int8 products that float32 holds exactly: 128 * 128 * 1024 = 2**24
+_EXACT_FLOAT32_TERMS = 1024
+
+
+def int8_mm_through_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``torch._int_mm(a, b)`` (int8 [M, K] x int8 [K, N], int32 [M, N]) bitwise, computed with float32 products:
+    each block of at most 1,024 terms is exact in float32; the blocks are added in int32. For a CPU without int8
+    kernels (:func:`cpu_multiplies_int8`), where ``torch._int_mm`` takes about 35x float32's time."""
+    if torch.get_float32_matmul_precision() != "highest":  # float32 products may run in bf16 or tf32: not exact
+        return torch.mm(a.double(), b.double()).to(torch.int32)
+    out = None
+    for start in range(0, a.shape[1], _EXACT_FLOAT32_TERMS):
+        end = start + _EXACT_FLOAT32_TERMS
+        block = torch.mm(a[:, start:end].float(), b[start:end].float()).to(torch.int32)
+        out = block if out is None else out.add_(block)
+    return out
+
+
+@functools.cache
+def cpu_multiplies_int8() -> bool:
+    """Whether this CPU has int8 dot-product instructions that oneDNN's int8 kernels use (VNNI, AVX512BW, AMX):
+    without them ``torch._int_mm`` is scalar code (:func:`int8_mm_through_float32` instead)."""
+    capabilities = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    return any(capabilities.get(name, False) for name in ("avx512_vnni", "avx_vnni", "amx_int8", "avx512_bw"))
 
 
 def int8_weight(weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -117,7 +117,8 @@ class TorchBf16Backend(TorchReducedBackend):
 class TorchBf16ComputeBackend(TorchReducedBackend):
     """The backbone's linear weights in bfloat16 and each matmul run in bfloat16 (input rounded to bf16, output back
     to float32): 3-5x the fp32 matmul speed at 16 or more rows where the hardware multiplies bf16 natively
-    (AVX512_BF16 or AMX CPUs, CUDA), slower than fp32 where it does not."""
+    (AVX512_BF16 or AMX CPUs, CUDA); where it does not, the same products run through fp32's kernels, no faster than
+    fp32 (:mod:`steerkit.linear_precision`)."""
 
     name = "torch-bf16-compute"
     precision = "bf16-compute"
@@ -125,7 +126,8 @@ class TorchBf16ComputeBackend(TorchReducedBackend):
 
 class TorchInt8Backend(TorchReducedBackend):
     """The backbone's linear weights in int8 (a scale per output channel) and each matmul run in int8, its input
-    quantized per row on the fly (``torch._int_mm``, int32 accumulation). CPU only."""
+    quantized per row on the fly (``torch._int_mm``, int32 accumulation). CPU only; on a CPU without int8 instructions
+    (VNNI, AVX512BW, AMX) the same int32 sums through fp32's kernels, no faster than fp32."""
 
     name = "torch-int8"
     precision = "int8"

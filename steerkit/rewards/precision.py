@@ -14,10 +14,12 @@ torch-bf16 bf16 storage the backbone's linear weights stored in bfloat16 (half t
                         activations' float32 for its matmul (:func:`reduced_weights`, here)
 torch-bf16 bf16 matmuls the same weights, and each matmul's input rounded to bfloat16: the product runs in bf16
 -compute                (fp32 accumulation) and is returned as float32. Fast only where the hardware multiplies
-                        bf16 natively (a CPU with AVX512_BF16 or AMX, a CUDA GPU); elsewhere slower than fp32
+                        bf16 natively (a CPU with AVX512_BF16 or AMX, a CUDA GPU); elsewhere run through
+                        fp32's kernels (the same result, no faster than fp32)
 torch-int8 int8 matmuls the backbone's linear weights in int8 (a scale per output channel), each matmul's input
                         quantized per row on the fly and the product accumulated in int32 (``torch._int_mm``).
-                        CPU only; fastest at the 16-row, k = 20 batches of a busy server on a CPU with AVX512_VNNI
+                        CPU only; fastest at the 16-row, k = 20 batches of a busy server on a CPU with AVX512_VNNI;
+                        without int8 instructions (VNNI, AVX512BW, AMX) the same int32 sums through fp32's kernels
 onnx-int8  int8         the ONNX export with the backbone's matmul weights in 8 bits, computed in int8 by
                         onnxruntime's MatMulNBits (:mod:`steerkit.rewards.onnx.quantize`)
 ========== ============ =====================================================================================

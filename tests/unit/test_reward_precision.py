@@ -402,7 +402,7 @@ def _bf16_packing_here() -> bool:
 
 
 @pytest.mark.skipif(not _bf16_packing_here(), reason="this CPU's oneDNN has no bf16 products (needs AVX512_BF16, "
-                    "AVX512BW or AVX-NE-CONVERT): the bf16 layers multiply through F.linear, tested above")
+                    "AVX512BW or AVX-NE-CONVERT): the bf16 layers multiply through float32's kernels, tested below")
 def test_a_bf16_product_through_the_packed_weight_is_bitwise_the_plain_product():
     """The bf16-compute layers (the LM's ``dtype="bfloat16"``, ``torch-bf16-compute``) multiply through a oneDNN-packed
     copy of the weight on the CPU: bitwise what ``F.linear`` / ``torch.mm`` give (so the speed-up changes no token),
@@ -442,10 +442,13 @@ def test_a_bf16_product_through_the_packed_weight_is_bitwise_the_plain_product()
     assert x.grad is not None and x.grad.abs().sum() > 0
 
 
-def test_a_cpu_without_bf16_products_multiplies_through_the_plain_weight(monkeypatch):
-    """Where oneDNN cannot pack a bf16 weight (an AVX2-only CPU raises), the layer multiplies as ``F.linear`` does, and
-    does not try to pack again on every call."""
+def test_a_cpu_without_bf16_products_multiplies_through_float32_kernels(monkeypatch):
+    """Where oneDNN cannot pack a bf16 weight (an AVX2-only CPU raises), the layer keeps a float32 copy of its bf16
+    weight, made once, and multiplies the bf16-rounded input through float32's kernels with the output rounded to bf16:
+    the bf16 product's result (float32 sums) without torch's element-by-element bf16 loop, 6-30x slower there. It agrees
+    with ``F.linear``'s bf16 product up to the order of the sums: at most one bf16 rounding step apart."""
     from torch.nn import functional as F
+    from transformers.pytorch_utils import Conv1D
 
     from steerkit.linear_precision import _PACKED, convert_linears
 
@@ -457,11 +460,49 @@ def test_a_cpu_without_bf16_products_multiplies_through_the_plain_weight(monkeyp
 
     monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", refuse)
     torch.manual_seed(1)
-    layer = torch.nn.Linear(32, 8)
+    layer, conv = torch.nn.Linear(32, 8), Conv1D(8, 32)
     convert_linears(layer, BF16_COMPUTE)
+    convert_linears(conv, BF16_COMPUTE)
     x = torch.randn(5, 32)
+    x2 = x.to(torch.bfloat16)
     with torch.no_grad():
-        first, second = layer(x), layer(x)
-    expected = F.linear(x.to(torch.bfloat16), layer.weight).float() + layer.bias
+        first, second, got_conv = layer(x), layer(x), conv(x)
+    expected = F.linear(x2.float(), layer.weight.float()).to(torch.bfloat16).float() + layer.bias
     assert torch.equal(first, expected) and torch.equal(second, expected)
-    assert calls == [16] and _PACKED[layer][2] is None
+    assert torch.equal(got_conv, torch.mm(x2.float(), conv.weight.float()).to(torch.bfloat16).float() + conv.bias)
+    assert calls == [16, 16]  # once per layer, not per call
+    assert _PACKED[layer][2].dtype == torch.float32 and torch.equal(_PACKED[layer][2], layer.weight.float())
+    plain = F.linear(x2, layer.weight).float() + layer.bias  # torch's own bf16 product
+    step = 2.0 ** -7 * (expected - layer.bias).abs().clamp(min=2.0 ** -20)
+    assert ((first - plain).abs() <= step + 1e-6).all()
+
+
+def test_int8_products_through_float32_are_bitwise_torch_int_mm(monkeypatch):
+    """On a CPU without int8 kernels (no VNNI, AVX512BW or AMX) ``torch-int8`` multiplies through float32's kernels:
+    blocks of up to 1,024 int8 products are exact in float32 and are added in int32, so the result is bitwise
+    ``torch._int_mm``'s, for sums longer than a block and at the int8 extremes, and with float32 products allowed to
+    run in lower precision (then through float64)."""
+    from steerkit import linear_precision
+    from steerkit.linear_precision import convert_linears, int8_mm_through_float32
+
+    torch.manual_seed(2)
+    for k in (64, 1024, 2100):
+        a = torch.randint(-128, 128, (33, k), dtype=torch.int8)
+        b = torch.randint(-128, 128, (k, 40), dtype=torch.int8)
+        a[0], b[:, 0] = -128, -128  # the largest sum: 128 * 128 * k
+        assert torch.equal(int8_mm_through_float32(a, b), torch._int_mm(a, b)), k
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        assert torch.equal(int8_mm_through_float32(a, b), torch._int_mm(a, b))
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    layer = torch.nn.Linear(1100, 24)
+    convert_linears(layer, INT8)
+    x = torch.randn(17, 1100)
+    with torch.no_grad():
+        monkeypatch.setattr(linear_precision, "cpu_multiplies_int8", lambda: True)
+        native = layer(x)
+        monkeypatch.setattr(linear_precision, "cpu_multiplies_int8", lambda: False)
+        through_float32 = layer(x)
+    assert torch.equal(native, through_float32)
