@@ -17,8 +17,9 @@ Three precisions; biases stay float32 in all of them:
 
 **A CPU without the instructions** (AVX2 only: no AVX512BW/VL/DQ, AVX-NE-CONVERT or AMX for bf16; no VNNI,
 AVX512BW or AMX for int8). There oneDNN has no bf16 or int8 kernel and torch multiplies element by element: on an
-AVX2-only EPYC a [320 x 576] x [576 x 1536] product took 470 ms in bf16 and 482 ms in int8 against 14 ms in float32.
-So there the same products are computed through float32's kernels, with the same result:
+AVX2-only EPYC a [320 x 576] x [576 x 1536] product took 72 ms in bf16 and 301 ms in int8 against 9.8 ms in float32
+(``benchmarks/bench_products.py``). So there the same products are computed through float32's kernels, with the same
+result:
 
 * bf16: the bf16 input and weight are exact in float32, the sum is accumulated in float32 and the output rounded to
   bf16, as in oneDNN's bf16 product (the order of the sums may differ);
@@ -132,7 +133,7 @@ _EXACT_FLOAT32_TERMS = 1024
 def int8_mm_through_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch._int_mm(a, b)`` (int8 [M, K] x int8 [K, N], int32 [M, N]) bitwise, computed with float32 products:
     each block of at most 1,024 terms is exact in float32; the blocks are added in int32. For a CPU without int8
-    kernels (:func:`cpu_multiplies_int8`), where ``torch._int_mm`` takes about 35x float32's time."""
+    kernels (:func:`cpu_multiplies_int8`), where ``torch._int_mm`` takes 22-31x float32's time."""
     if torch.get_float32_matmul_precision() != "highest":  # float32 products may run in bf16 or tf32: not exact
         return torch.mm(a.double(), b.double()).to(torch.int32)
     out = None

@@ -445,7 +445,7 @@ def test_a_bf16_product_through_the_packed_weight_is_bitwise_the_plain_product()
 def test_a_cpu_without_bf16_products_multiplies_through_float32_kernels(monkeypatch):
     """Where oneDNN cannot pack a bf16 weight (an AVX2-only CPU raises), the layer keeps a float32 copy of its bf16
     weight, made once, and multiplies the bf16-rounded input through float32's kernels with the output rounded to bf16:
-    the bf16 product's result (float32 sums) without torch's element-by-element bf16 loop, 6-30x slower there. It agrees
+    the bf16 product's result (float32 sums) without torch's element-by-element bf16 loop, 5-7x slower there. It agrees
     with ``F.linear``'s bf16 product up to the order of the sums: at most one bf16 rounding step apart."""
     from torch.nn import functional as F
     from transformers.pytorch_utils import Conv1D
