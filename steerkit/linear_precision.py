@@ -53,17 +53,38 @@ class Bf16Linear(nn.Linear):
         return F.linear(x, self.weight.to(x.dtype), bias)
 
 
-#: each bf16-compute layer's weight in oneDNN's packed layout, made on its first CPU product: ``{layer: (the weight
-#: tensor it was packed from, that weight's version, packed weight or None where oneDNN cannot pack bf16)}``. Kept
-#: beside the layer, not in it, so that copying, pickling or saving a layer never meets oneDNN's opaque tensor.
+#: each reduced-precision layer's weight in the form its CPU product reads, made on its first product (oneDNN's packed
+#: bf16 layout, or a float32 copy where this CPU has no bf16 or int8 kernels): ``{layer: (the weight tensor it was made
+#: from, that weight's version, the form, or None where torch lacks oneDNN's packing op)}``. Kept beside the layer, not
+#: in it, so that copying, pickling or saving a layer never meets oneDNN's opaque tensor.
 _PACKED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _product_weight(layer: nn.Module, make):
+    """``make()``, the form of ``layer.weight`` that its product reads, made once and again only when the weight changes
+    (another tensor, or an in-place write): the per-token product never converts a weight twice."""
+    weight = layer.weight
+    cached = _PACKED.get(layer)
+    if cached is None or cached[0] is not weight or cached[1] != weight._version:
+        cached = _PACKED[layer] = (weight, weight._version, make())
+    return cached[2]
+
+
+def _packed_or_float32(plain: torch.Tensor) -> torch.Tensor | None:
+    try:  # 16: a row-count hint only; any number of rows multiplies
+        return torch.ops.mkldnn._reorder_linear_weight(plain, 16)
+    except RuntimeError:  # this CPU's oneDNN has no bf16 product (AVX2 only): float32's kernels, same sums
+        return plain.float()
+    except AttributeError:  # a torch without the op
+        return None
 
 
 def packed_bf16_product(layer: nn.Module, x: torch.Tensor, transposed: bool = False) -> torch.Tensor | None:
     """``x`` [M, K] (bfloat16) times ``layer.weight`` (bfloat16; [N, K], or [K, N] where ``transposed``: GPT-2's
-    ``Conv1D``) as [M, N] bfloat16, through a copy of the weight packed once in oneDNN's blocked layout; None where that
-    does not apply (not on the CPU, under ``torch.compile``, with autograd recording, or a CPU whose oneDNN lacks bf16
-    products: AVX512_BF16, AVX512BW or AVX-NE-CONVERT), and the caller multiplies as before.
+    ``Conv1D``) as [M, N] bfloat16, through a copy of the weight packed once in oneDNN's blocked layout; on a CPU whose
+    oneDNN lacks bf16 products (AVX512_BF16, AVX512BW or AVX-NE-CONVERT), through a float32 copy of the weight made
+    once (module docstring). None where neither applies (not on the CPU, under ``torch.compile``, with autograd
+    recording, a torch without oneDNN's packing op), and the caller multiplies as before.
 
     ``F.linear`` hands oneDNN the plain weight and it is reordered on every call: on the CPU this was measured on
     (AVX512_BF16), SmolLM2's bf16 decode step took 1.37x as long at 16 rows and 1.41x at one row (medians), with
@@ -73,21 +94,12 @@ def packed_bf16_product(layer: nn.Module, x: torch.Tensor, transposed: bool = Fa
     if x.device.type != "cpu" or torch.compiler.is_compiling() or (
             torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
         return None
-    cached = _PACKED.get(layer)
-    if cached is None or cached[0] is not weight or cached[1] != weight._version:
-        plain = (weight.t() if transposed else weight).contiguous()
-        try:  # 16: a row-count hint only; any number of rows multiplies
-            packed = torch.ops.mkldnn._reorder_linear_weight(plain, 16)
-        except RuntimeError:  # this CPU's oneDNN has no bf16 product (AVX2 only): float32's kernels, same sums
-            packed = plain.float()
-        except AttributeError:  # a torch without the op
-            packed = None
-        cached = _PACKED[layer] = (weight, weight._version, packed)
-    if cached[2] is None:
+    packed = _product_weight(layer, lambda: _packed_or_float32((weight.t() if transposed else weight).contiguous()))
+    if packed is None:
         return None
-    if cached[2].dtype == torch.float32:
-        return F.linear(x.float(), cached[2]).to(torch.bfloat16)
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), cached[2], None, "none", [], "")
+    if packed.dtype == torch.float32:
+        return F.linear(x.float(), packed).to(torch.bfloat16)
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, None, "none", [], "")
 
 
 class Bf16MatmulLinear(nn.Linear):
@@ -110,19 +122,25 @@ class Int8MatmulLinear(nn.Linear):
     int8 (:func:`int8_product`); the output is returned in the input's dtype with the float32 bias added."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = int8_product(x.reshape(-1, x.shape[-1]), self.weight.t(), self.weight_scale).to(x.dtype)
+        y = int8_product(x.reshape(-1, x.shape[-1]), self.weight.t(), self.weight_scale, self).to(x.dtype)
         y = y.view(*x.shape[:-1], y.shape[-1])
         return y if self.bias is None else y + self.bias.to(x.dtype)
 
 
-def int8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
+def int8_product(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                 layer: nn.Module | None = None) -> torch.Tensor:
     """``x`` [M, K] (float) times the int8 ``weight`` [K, N], whose column ``n`` stands for ``weight[:, n] *
     weight_scale[n]``: each row of ``x`` is quantized to int8 with its own max-abs scale, the product is accumulated
-    in int32 and rescaled. float32 [M, N]."""
+    in int32 and rescaled. float32 [M, N]. On a CPU without int8 kernels the product runs through float32's
+    (:func:`int8_mm_through_float32`), on a float32 copy of ``weight`` kept for ``layer`` (the layer that owns it)."""
     x = x.float()
     scale = x.abs().amax(-1, keepdim=True).clamp_(min=_TINY).div_(127.0)
     quantized = torch.round(x / scale).to(torch.int8)
-    product = torch._int_mm(quantized, weight) if cpu_multiplies_int8() else int8_mm_through_float32(quantized, weight)
+    if cpu_multiplies_int8():
+        product = torch._int_mm(quantized, weight)
+    else:
+        keep = layer is not None and not torch.compiler.is_compiling()  # a traced graph keeps no copy beside it
+        product = int8_mm_through_float32(quantized, _product_weight(layer, weight.float) if keep else weight)
     return product.to(torch.float32).mul_(scale).mul_(weight_scale)
 
 
@@ -132,8 +150,9 @@ _EXACT_FLOAT32_TERMS = 1024
 
 def int8_mm_through_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``torch._int_mm(a, b)`` (int8 [M, K] x int8 [K, N], int32 [M, N]) bitwise, computed with float32 products:
-    each block of at most 1,024 terms is exact in float32; the blocks are added in int32. For a CPU without int8
-    kernels (:func:`cpu_multiplies_int8`), where ``torch._int_mm`` takes 22-31x float32's time."""
+    each block of at most 1,024 terms is exact in float32; the blocks are added in int32. ``b`` may already be the
+    float32 copy of the int8 weight. For a CPU without int8 kernels (:func:`cpu_multiplies_int8`), where
+    ``torch._int_mm`` takes 22-31x float32's time."""
     if torch.get_float32_matmul_precision() != "highest":  # float32 products may run in bf16 or tf32: not exact
         return torch.mm(a.double(), b.double()).to(torch.int32)
     out = None
@@ -148,7 +167,7 @@ def int8_mm_through_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def cpu_multiplies_int8() -> bool:
     """Whether this CPU has int8 dot-product instructions that oneDNN's int8 kernels use (VNNI, AVX512BW, AMX):
     without them ``torch._int_mm`` is scalar code (:func:`int8_mm_through_float32` instead)."""
-    capabilities = torch.cpu.get_capabilities() if hasattr(torch.cpu, "get_capabilities") else {}
+    capabilities = torch.cpu.get_capabilities()
     return any(capabilities.get(name, False) for name in ("avx512_vnni", "avx_vnni", "amx_int8", "avx512_bw"))
 
 
@@ -191,7 +210,7 @@ def _conv1d_classes():
         """GPT-2's ``Conv1D`` with W in int8 (a scale per output column) and the product run in int8."""
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = int8_product(x.reshape(-1, x.size(-1)), self.weight, self.weight_scale).to(x.dtype)
+            y = int8_product(x.reshape(-1, x.size(-1)), self.weight, self.weight_scale, self).to(x.dtype)
             return (y + self.bias.to(x.dtype)).view(x.size()[:-1] + (self.nf,))
 
     return Conv1D, {BF16: Bf16Conv1D, BF16_COMPUTE: Bf16MatmulConv1D, INT8: Int8MatmulConv1D}
