@@ -8,8 +8,9 @@ For each shape (rows x in x out: SmolLM2's MLP projections at 1 and 16 rows, and
 * ``bf16 steerkit``: :class:`steerkit.linear_precision.Bf16MatmulLinear` (oneDNN's packed product where this CPU
   has bf16 instructions, float32's kernels where it has not);
 * ``int8 torch._int_mm``: the int8 product a ``torch-int8`` layer called before;
-* ``int8 steerkit``: :func:`steerkit.linear_precision.int8_product` (``torch._int_mm`` where this CPU has int8
-  instructions, float32's kernels where it has not).
+* ``int8 steerkit``: :class:`steerkit.linear_precision.Int8MatmulLinear`, a ``torch-int8`` layer as the reward
+  runs it (``torch._int_mm`` where this CPU has int8 instructions, float32's kernels on the layer's float32 copy
+  of its weight where it has not).
 
 Prints each one's median time and its ratio to float32, the CPU's instruction sets, and writes JSON:
 
@@ -28,8 +29,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from steerkit.linear_precision import (BF16_COMPUTE, convert_linears, cpu_multiplies_int8, int8_product,
-                                       int8_weight)
+from steerkit.linear_precision import BF16_COMPUTE, INT8, convert_linears, cpu_multiplies_int8, int8_weight
 
 SHAPES = [(1, 576, 1536), (16, 576, 1536), (16, 1536, 576), (320, 576, 1536), (320, 1536, 576)]
 FLAGS = ("avx2", "avx512_f", "avx512_bw", "avx512_vnni", "avx512_bf16", "avx_vnni", "avx_ne_convert", "amx_tile")
@@ -52,8 +52,11 @@ def measure(rows: int, k: int, n: int, seconds: float, rounds: int) -> dict:
     bf16 = torch.nn.Linear(k, n, bias=False)
     bf16.load_state_dict(dense.state_dict())
     convert_linears(bf16, BF16_COMPUTE)
+    int8 = torch.nn.Linear(k, n, bias=False)
+    int8.load_state_dict(dense.state_dict())
+    convert_linears(int8, INT8)
     x_bf16, w_bf16 = x.to(torch.bfloat16), bf16.weight
-    w_int8, w_scale = int8_weight(dense.weight, 1)
+    w_int8, _ = int8_weight(dense.weight, 1)
     w_int8_t = w_int8.t()
     x_int8 = torch.round(x / x.abs().amax(-1, keepdim=True) * 127).to(torch.int8)
     forms = {
@@ -61,7 +64,7 @@ def measure(rows: int, k: int, n: int, seconds: float, rounds: int) -> dict:
         "bf16 torch": lambda: F.linear(x_bf16, w_bf16),
         "bf16 steerkit": lambda: bf16(x),
         "int8 torch._int_mm": lambda: torch._int_mm(x_int8, w_int8_t),
-        "int8 steerkit": lambda: int8_product(x, w_int8_t, w_scale),
+        "int8 steerkit": lambda: int8(x),
     }
     times: dict[str, list[float]] = {name: [] for name in forms}
     with torch.no_grad():
