@@ -12,8 +12,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["STEERKIT_THREADS"] = "1"
 
 from tiny import make_tokenizer, save_tiny_lm, tiny_lm, tiny_reward  # noqa: E402
+from xdist_workers import auto_workers, this_machine  # noqa: E402
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per core, as many as the memory holds (tests/xdist_workers.py); a count set in
+    PYTEST_XDIST_AUTO_NUM_WORKERS is xdist's to apply."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None
+    return auto_workers(*this_machine())
 
 
 @pytest.fixture(scope="session")
