@@ -1,7 +1,7 @@
 """How many pytest-xdist workers ``-n auto`` starts (``tests/conftest.py``): one per CPU core this process may use, but
 no more than the machine's memory holds. A worker keeps the models its tests load in process-wide caches (the
 SmolLM2 weights, the shipped reward models, compiled steps): in the whole suite under two workers one of them reached
-10.5 GB resident (2026-11-25, the 2-core, 24 GiB CI machine), so a 16-core machine with 32 GiB would run out of memory
+10.5 GB resident (2026-11-28, on a 2-core, 24 GiB machine), so a 16-core machine with 32 GiB would run out of memory
 with one worker per core."""
 
 from __future__ import annotations
