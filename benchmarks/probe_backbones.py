@@ -26,7 +26,7 @@ from sklearn.preprocessing import StandardScaler
 
 from steerkit.models import load_causal_lm_cached
 from steerkit.training.config import TrainConfig
-from steerkit.training.data import build_dataset
+from steerkit.training.data import build_dataset, collate, tokenize
 
 HERE = Path(__file__).resolve().parent
 CONFIG = HERE.parent / "plugins" / "steerkit-toxicity" / "train_cad_experiment.yaml"
@@ -49,22 +49,16 @@ def sample_train(ds, cfg, n, seed):
 
 @torch.no_grad()
 def features(model, tokenizer, texts, layers, batch=16, max_length=64):
+    """Each text's last token's hidden state at ``layers``, laid out as the reward models' training reads text (start
+    token, left padding: :func:`steerkit.training.data.collate`), so the last column is every row's last token."""
     out = {layer: [] for layer in layers}
-    bos = tokenizer.bos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     for i in range(0, len(texts), batch):
-        chunk = texts[i:i + batch]
-        ids = [tokenizer(t, add_special_tokens=False)["input_ids"][:max_length - 1] for t in chunk]
-        if bos is not None:
-            ids = [[bos] + x for x in ids]
-        width = max(len(x) for x in ids)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        input_ids = torch.tensor([x + [pad] * (width - len(x)) for x in ids])
-        mask = torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])
+        enc = collate(tokenize(tokenizer, texts[i:i + batch], max_length), tokenizer.bos_token_id, pad)
         # the base model: hidden states without the output head's logits (262,144 columns for Gemma 3)
-        hidden = model.base_model(input_ids=input_ids, attention_mask=mask, output_hidden_states=True).hidden_states
-        last = mask.sum(1) - 1
+        hidden = model.base_model(**enc, output_hidden_states=True).hidden_states
         for layer in layers:
-            out[layer].append(hidden[layer][torch.arange(len(chunk)), last].float().numpy())
+            out[layer].append(hidden[layer][:, -1].float().numpy())
     return {layer: np.concatenate(v) for layer, v in out.items()}
 
 

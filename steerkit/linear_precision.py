@@ -17,7 +17,7 @@ Three precisions; biases stay float32 in all of them:
 
 **A CPU without the instructions** (AVX2 only: no AVX512BW/VL/DQ, AVX-NE-CONVERT or AMX for bf16; no VNNI,
 AVX512BW or AMX for int8). There oneDNN has no bf16 or int8 kernel and torch multiplies element by element: on an
-AVX2-only EPYC a [320 x 576] x [576 x 1536] product took 72 ms in bf16 and 301 ms in int8 against 9.8 ms in float32
+AVX2-only EPYC a [320 x 576] x [576 x 1536] product took 73 ms in bf16 and 282 ms in int8 against 11 ms in float32
 (``benchmarks/bench_products.py``). So there the same products are computed through float32's kernels, with the same
 result:
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from steerkit.threads import usable_cores
+
 #: memory set aside per worker: the largest resident size a worker was seen to reach in the whole suite, rounded up
 WORKER_MEMORY = 11 * 10**9
 
@@ -21,9 +23,8 @@ def auto_workers(cpus: int, memory_bytes: int | None) -> int:
 
 def this_machine() -> tuple[int, int | None]:
     """(usable cores, physical memory in bytes or None)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):  # not a POSIX system that reports it
         memory = None
-    return cpus, memory
+    return usable_cores(), memory
