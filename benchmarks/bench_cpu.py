@@ -21,8 +21,13 @@ sum over 512 MiB, best of 5), divided by the batch. Also the agreement of greedy
 llama.cpp at Q4_1 and at F32 with steerkit's engine (per step of the common prefix: same top-k set, same token),
 and the load average before and after. JSON to benchmarks/results/bench_cpu.json.
 
+``--targets N`` runs only the rows issue 25's batch-1 targets compare, N rounds with the rows alternating (the order
+reversed every round), and reports each round's ratios: on a machine whose speed drifts between minutes (a shared
+host's memory bandwidth), one run of each row, minutes apart, can put a ratio on either side of its target.
+
     CMAKE_ARGS="-DGGML_NATIVE=ON" pip install -e ".[llama-cpp]"     # once (a source build)
     python benchmarks/bench_cpu.py                                   # ~6 min on a quiet machine
+    python benchmarks/bench_cpu.py --targets 4 --out benchmarks/results/bench_cpu_targets.json
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ import argparse
 import json
 import os
 import platform
+import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -122,10 +129,59 @@ def agreement(reference, other, prompts, tokens: int) -> dict:
             "identical_rows": sum(x == y for x, y in zip(a.texts, b.texts)), "rows": len(prompts)}
 
 
+#: issue 25's batch-1 targets: (label, row, baseline row, at most this ratio)
+TARGETS = (("RAD through llama.cpp, toxicity-token, over llama.cpp Q4_1 plain", "toxicity-token", "Q4_1", 1.5),
+           ("RAD through llama.cpp, toxicity, over llama.cpp Q4_1 plain", "toxicity", "Q4_1", 2.0),
+           ("steerkit's own engine compiled, plain F32, over llama.cpp F32", "compiled F32", "F32", 1.3))
+
+
+def target_rounds(rounds: int, files: dict, tokenizer, hf, tokens: int, prompts) -> dict:
+    """Issue 25's batch-1 target rows, alternated for ``rounds`` rounds: ms per token per round, and each target's
+    ratio per round (a steered row with each reward backend; its best backend decides)."""
+    import llama_cpp
+
+    from steerkit.engine.llama_cpp_lm import LlamaCppLM
+
+    llms = {w: llama_cpp.Llama(model_path=str(files[w]), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False,
+                               seed=0) for w in ("Q4_1", "F32")}
+    llama_lm = (LlamaCppLM(str(files["Q4_1"]), threads=1), tokenizer)
+    runs = {"Q4_1": lambda: llama_own_loop(llms["Q4_1"], tokenizer, {}, tokens, prompts),
+            "F32": lambda: llama_own_loop(llms["F32"], tokenizer, {}, tokens, prompts),
+            "compiled F32": lambda: engine_run(hf, {}, tokens, prompts, 1, compile=True)}
+    for steering in ("toxicity-token", "toxicity"):
+        for backend in ("onnx", *REWARD_BACKENDS):
+            runs[f"{steering} ({backend})"] = (lambda s=steering, b=backend: engine_run(
+                llama_lm, REWARDS[s], tokens, prompts, 1, b))
+    for run in runs.values():  # loads, exports, compiles
+        run()
+    per_round = []
+    for r in range(rounds):
+        ms = {}
+        for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+            seconds, count, _ = runs[name]()
+            ms[name] = round(seconds * 1000 / count, 2)
+        ratios = {}
+        for label, row, base, _ in TARGETS:
+            best = min(v for k, v in ms.items() if k == row or k.startswith(row + " ("))
+            ratios[label] = round(best / ms[base], 3)
+        per_round.append({"ms_per_token": ms, "ratios": ratios})
+        print(f"round {r}: {ms}", flush=True)
+        for label, ratio in ratios.items():
+            print(f"    {label}: {ratio}", flush=True)
+    summary = {}
+    for label, _, _, target in TARGETS:
+        values = [p["ratios"][label] for p in per_round]
+        summary[label] = {"target_at_most": target, "per_round": values, "median": round(statistics.median(values), 3),
+                          "rounds_met": sum(v <= target for v in values)}
+    return {"rounds": per_round, "targets": summary}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=3, help="prompts of the batch-1 rows (batch 8 uses 8)")
+    parser.add_argument("--targets", type=int, default=0, metavar="ROUNDS",
+                        help="run only issue 25's batch-1 target rows, alternated over ROUNDS rounds")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_cpu.json")
     args = parser.parse_args()
     import llama_cpp
@@ -157,6 +213,20 @@ def main() -> None:
     sizes["bf16 (transformers)"] = sum(  # bf16 linear weights (the head its own copy); the rest float32
         p.numel() * p.element_size() for p in as_bf16_lm(hf[0]).parameters())
     few = PROMPTS[:args.prompts]
+    if args.targets:
+        report = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_before": load_before,
+                              "llama_cpp_python": llama_cpp.__version__, "torch": torch.__version__,
+                              "read_bandwidth_gb_s": round(bandwidth / 1e9, 2)},
+                  "tokens": args.tokens, "prompts": few,
+                  **target_rounds(args.targets, files, tokenizer, hf, args.tokens, few)}
+        report["machine"]["load_after"] = os.getloadavg()
+        for label, row in report["targets"].items():
+            print(f"{label}: median {row['median']} (target <= {row['target_at_most']}; met in "
+                  f"{row['rounds_met']} of {args.targets} rounds)")
+        atomic_write_text(args.out, json.dumps(report, indent=2, ensure_ascii=False))
+        print(f"wrote {args.out}")
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
     rows = []
 
     def record(engine, weights, steering, batch, run):
@@ -217,7 +287,8 @@ def main() -> None:
                 "bf16 (transformers)",)):
             eager = next(r for r in rows if r["engine"] == "steerkit (eager)" and r["weights"] == row["weights"]
                          and r["steering"] == row["steering"] and r["batch"] == row["batch"])
-            row["same_texts_as_eager"] = f"{sum(a == b for a, b in zip(row['texts'], eager['texts']))}/{len(row['texts'])}"
+            same = sum(a == b for a, b in zip(row["texts"], eager["texts"]))
+            row["same_texts_as_eager"] = f"{same}/{len(row['texts'])}"
     agree = {"Q4_1": agreement(hf, llama_lm, PROMPTS, args.tokens),
              "F32": agreement(hf, (LlamaCppLM(str(files["F32"]), threads=1), tokenizer), PROMPTS, args.tokens)}
     report = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_before": load_before,
