@@ -33,6 +33,7 @@ host's memory bandwidth), one run of each row, minutes apart, can put a ratio on
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
@@ -199,7 +200,11 @@ def main() -> None:
     bandwidth = read_bandwidth()
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (1 thread); load average {load_before}", flush=True)
     q4 = resolve(LM).location
+    machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "load_before": load_before,
+               "llama_cpp_python": llama_cpp.__version__, "torch": torch.__version__,
+               "read_bandwidth_gb_s": round(bandwidth / 1e9, 2)}
     scratch = Path(tempfile.mkdtemp(prefix="bench_cpu_"))
+    atexit.register(shutil.rmtree, scratch, True)  # the Q8_0 and F32 files converted here
     files = {"Q4_1": Path(q4), "Q8_0": convert_gguf(q4, scratch / "q8_0.gguf", "Q8_0"),
              "F32": convert_gguf(q4, scratch / "f32.gguf", "F32")}
     tokenizer = load_tokenizer(LM)
@@ -214,18 +219,14 @@ def main() -> None:
         p.numel() * p.element_size() for p in as_bf16_lm(hf[0]).parameters())
     few = PROMPTS[:args.prompts]
     if args.targets:
-        report = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_before": load_before,
-                              "llama_cpp_python": llama_cpp.__version__, "torch": torch.__version__,
-                              "read_bandwidth_gb_s": round(bandwidth / 1e9, 2)},
-                  "tokens": args.tokens, "prompts": few,
+        report = {"tokens": args.tokens, "prompts": few,
                   **target_rounds(args.targets, files, tokenizer, hf, args.tokens, few)}
-        report["machine"]["load_after"] = os.getloadavg()
+        report = {"machine": {**machine, "load_after": os.getloadavg()}, **report}
         for label, row in report["targets"].items():
             print(f"{label}: median {row['median']} (target <= {row['target_at_most']}; met in "
                   f"{row['rounds_met']} of {args.targets} rounds)")
         atomic_write_text(args.out, json.dumps(report, indent=2, ensure_ascii=False))
         print(f"wrote {args.out}")
-        shutil.rmtree(scratch, ignore_errors=True)
         return
     rows = []
 
@@ -291,9 +292,7 @@ def main() -> None:
             row["same_texts_as_eager"] = f"{same}/{len(row['texts'])}"
     agree = {"Q4_1": agreement(hf, llama_lm, PROMPTS, args.tokens),
              "F32": agreement(hf, (LlamaCppLM(str(files["F32"]), threads=1), tokenizer), PROMPTS, args.tokens)}
-    report = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_before": load_before,
-                          "load_after": os.getloadavg(), "llama_cpp_python": llama_cpp.__version__,
-                          "torch": torch.__version__, "read_bandwidth_gb_s": round(bandwidth / 1e9, 2)},
+    report = {"machine": {**machine, "load_after": os.getloadavg()},
               "tokens": args.tokens, "weight_bytes": sizes, "rows": rows,
               "agreement_toxicity_token_greedy": agree,
               "compiled_rows": "compile=True as steerkit.generate runs it: the LM's static step, token-level torch "
@@ -306,10 +305,6 @@ def main() -> None:
               f"floor {row['floor_ms']}  {row.get('same_texts_as_eager', '')}")
     for name, a in agree.items():
         print(f"agreement with steerkit's engine, {name}: {a}")
-    for path in files.values():
-        if path.parent == scratch:
-            path.unlink()
-    scratch.rmdir()
     print(f"wrote {args.out}")
 
 

@@ -15,8 +15,9 @@ after folding SmoothQuant scales (Xiao et al. 2023) into the fp32 weights first:
 * weights 7-bit (``reduce_range``): without VNNI the U8S8 kernel's 16-bit pair sums saturate at 8 bits.
 
 For each variant: the onnxruntime run of one decoding step (k candidates after a 20-token prefix for a sequence
-reward, one position for a token-level reward; 1 thread, the variants alternating over ``--rounds``, median), and
-max and mean |Δρ| against fp32 torch over the evaluation texts and all their prefixes, with the AUROC.
+reward, one position for a token-level reward), in the session a reward runs in (``OnnxRuntime``, 1 thread) with
+``probe_feeds``'s inputs, the variants alternating over ``--rounds``, median; and max and mean |Δρ| against fp32
+torch over the evaluation texts and all their prefixes, with the AUROC.
 
     python benchmarks/probe_int8_dynamic.py              # ~4 min on one thread; JSON: results/probe_int8_dynamic.json
 """
@@ -113,26 +114,15 @@ def dynamic_int8(fp32_dir: Path, out_dir: Path) -> Path:
 
 
 def step_session(directory: Path, positions: int, prefix: int = 20):
-    """An onnxruntime session over an export and the feeds of one decoding step."""
-    import onnxruntime as ort
-
-    from steerkit.rewards.onnx.manifest import MODEL_FILE, read_manifest
+    """The onnxruntime session a reward runs an export in (steerkit's own, 1 thread) and the feeds of one decoding
+    step: ``positions`` new tokens after a ``prefix``-token KV cache."""
+    from steerkit.rewards.onnx.backend import OnnxRuntime
+    from steerkit.rewards.onnx.manifest import read_manifest
+    from steerkit.rewards.onnx.quantize import probe_feeds
 
     manifest = read_manifest(directory)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(str(directory / MODEL_FILE), options, providers=["CPUExecutionProvider"])
-    rng = np.random.default_rng(0)
-    feeds = {"input_ids": rng.integers(100, 40000, (1, positions)).astype(np.int64),
-             "position_ids": np.full((1, positions), prefix, np.int64),
-             "attention_mask": np.zeros((1, 1, positions, prefix + positions), np.float32)}
-    shape = (1, manifest["num_kv_heads"], prefix, manifest["head_dim"])
-    for i in range(manifest["num_layers"]):
-        feeds[f"past_key_{i}"] = rng.standard_normal(shape).astype(np.float32)
-        feeds[f"past_value_{i}"] = rng.standard_normal(shape).astype(np.float32)
-    return session, feeds
+    runtime = OnnxRuntime(directory, manifest, providers=["CPUExecutionProvider"], threads=1)
+    return runtime.session, probe_feeds(manifest, 1, positions, prefix, seed=0)
 
 
 def main() -> None:
