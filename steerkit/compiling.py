@@ -26,6 +26,9 @@ from .model_copies import converted_copy
 #: inductor settings of the compiled step: weights folded in as constants, every matrix product autotuned
 #: between inductor's C++ GEMM template and ATen's (MKL) kernel.
 #: (The autotuner's table of timings per product is not printed: steerkit prints one line per shape.)
+#: Frozen weights stay packed for oneDNN (inductor's default ``cpp.weight_prepack``), although packed constants keep
+#: inductor's FX graph cache from storing the step: unpacked, the AVX2 CPU's step was 1.47x slower
+#: (benchmarks/probe_weight_prepack.py; docs/performance.md).
 COMPILE_OPTIONS = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                    "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
