@@ -125,6 +125,21 @@ def step_session(directory: Path, positions: int, prefix: int = 20):
     return runtime.session, probe_feeds(manifest, 1, positions, prefix, seed=0)
 
 
+def time_alternated(rows: dict, rounds: int, runs: int) -> dict[str, list[float]]:
+    """ms of ``runs`` calls of each row's function per round (after 3 untimed), the rows in turn and their order
+    reversed every round; per row, the times of round 0, then round 1, ..."""
+    times = {name: [] for name in rows}
+    for r in range(rounds):
+        for name in (list(rows) if r % 2 == 0 else list(reversed(rows))):
+            for _ in range(3):
+                rows[name]()
+            for _ in range(runs):
+                start = time.perf_counter()
+                rows[name]()
+                times[name].append((time.perf_counter() - start) * 1000)
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reward", default="toxicity")
@@ -168,16 +183,10 @@ def main() -> None:
             results[name] = {"max_abs_delta": round(gap.max().item(), 4), "mean_abs_delta": round(gap.mean().item(), 5),
                              "auroc": round(auroc(got_texts, eval_labels), 4), "step_ms": []}
         sessions = {name: step_session(d, 1 if token_level else args.k) for name, d in variants.items()}
-        for r in range(args.rounds):
-            order = list(sessions) if r % 2 == 0 else list(reversed(sessions))
-            for name in order:
-                session, feeds = sessions[name]
-                for _ in range(3):
-                    session.run(None, feeds)
-                for _ in range(args.runs):
-                    start = time.perf_counter()
-                    session.run(None, feeds)
-                    results[name]["step_ms"].append((time.perf_counter() - start) * 1000)
+        times = time_alternated({name: (lambda s=session, f=feeds: s.run(None, f))
+                                 for name, (session, feeds) in sessions.items()}, args.rounds, args.runs)
+        for name, ms in times.items():
+            results[name]["step_ms"] = ms
         base = float(np.median(results["onnx (fp32)"]["step_ms"]))
         for name, row in results.items():
             row["step_ms_median"] = round(float(np.median(row.pop("step_ms"))), 2)

@@ -26,7 +26,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -36,7 +35,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bench_reward_precision import cpu_flags  # noqa: E402
-from probe_int8_dynamic import step_session  # noqa: E402
+from probe_int8_dynamic import step_session, time_alternated  # noqa: E402
 
 
 def backbone_weights(directory: Path) -> list[np.ndarray]:
@@ -122,15 +121,7 @@ def main() -> None:
         rows = {"step (onnxruntime fp32)": lambda: step.run(None, step_feeds),
                 "products alone (onnxruntime fp32)": lambda: products.run(None, product_feeds),
                 "products alone (torch fp32)": torch_products}
-        times = {name: [] for name in rows}
-        for r in range(args.rounds):
-            for name in (list(rows) if r % 2 == 0 else list(reversed(rows))):
-                for _ in range(3):
-                    rows[name]()
-                for _ in range(args.runs):
-                    start = time.perf_counter()
-                    rows[name]()
-                    times[name].append((time.perf_counter() - start) * 1000)
+        times = time_alternated(rows, args.rounds, args.runs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     flops = sum(2 * args.k * w.shape[0] * w.shape[1] for w in weights)
