@@ -181,7 +181,7 @@ def main() -> None:
                 evaluation, per_prefix=True)
             gap = (torch.tensor(got_texts + [x for p in got_prefixes for x in p]) - reference).abs()
             results[name] = {"max_abs_delta": round(gap.max().item(), 4), "mean_abs_delta": round(gap.mean().item(), 5),
-                             "auroc": round(auroc(got_texts, eval_labels), 4), "step_ms": []}
+                             "auroc": round(auroc(got_texts, eval_labels), 4)}
         sessions = {name: step_session(d, 1 if token_level else args.k) for name, d in variants.items()}
         times = time_alternated({name: (lambda s=session, f=feeds: s.run(None, f))
                                  for name, (session, feeds) in sessions.items()}, args.rounds, args.runs)
