@@ -359,6 +359,21 @@ def test_the_cad_experiments_are_the_shipped_recipe_plus_their_sources(name):
         "toxicity/cad/train.csv", "toxicity/gab_hate_corpus/train.csv"}
 
 
+def test_the_stance_experiment_is_cad_ghc_with_the_gab_hate_posts_in_both_stance_copies():
+    config = TrainConfig.from_file(PLUGIN / "train_cad_ghc_stance_experiment.yaml").model_dump()
+    base = TrainConfig.from_file(PLUGIN / "train_cad_ghc_experiment.yaml").model_dump()
+    shipped = TrainConfig.from_file(CONFIG).model_dump()
+    assert {k for k in base if base[k] != config[k]} == {"output_dir", "checkpoint_dir", "card", "augment"}
+    assert "steerkit_toxicity" not in str(config["output_dir"])
+    stance = {"denounce", "endorse"}
+    for view, before in zip(config["augment"]["views"], shipped["augment"]["views"], strict=True):
+        if set(view["transforms"]) & stance:
+            assert view == {**before, "sources": [*before["sources"], "Gab Hate Corpus"]}
+        else:
+            assert view == before
+    assert sum(bool(set(v["transforms"]) & stance) for v in config["augment"]["views"]) == 2
+
+
 CAD_FILES = [*(DATA / "toxicity" / "cad" / f"{split}.csv" for split in ("train", "dev", "test")),
              *(DATA / "toxicity" / "gab_hate_corpus" / f"{split}.csv" for split in ("train", "test")),
              DATA / "toxicity" / "sbic" / "test.csv"]
