@@ -110,8 +110,7 @@ def main() -> None:
         step, step_feeds = step_session(export, args.k, args.prefix)
         products, product_feeds = products_session(weights, args.k)
         torch_weights = [torch.from_numpy(w.copy()) for w in weights]
-        torch_inputs = {d: torch.from_numpy(x) for d, x in
-                        ((int(name[1:]), x) for name, x in product_feeds.items())}
+        torch_inputs = {x.shape[1]: torch.from_numpy(x) for x in product_feeds.values()}  # by input width
 
         def torch_products():
             with torch.inference_mode():
