@@ -15,6 +15,10 @@ directory, or an archived one whose ``run.tar.gz`` holds ``scores.jsonl`` and ``
     python benchmarks/compare_eval_runs.py docs/results/v2/toxicity docs/results/v4/toxicity \
         --names 0.2.0 0.4.0 --paired
 
+``--eval-lm NAME`` picks the perplexities of one fluency LM where the runs were rescored by another
+(``steerkit eval ... --eval-lm NAME -o RUN`` on an existing run adds that judge's perplexities and regenerates
+nothing); the plain table shows the report's own, that of the latest invocation.
+
 ``--more A2 B2`` (repeatable) pools runs of the same two models on other prompts of the same sets into the paired
 comparison, e.g. a rerun of prompts 31-60 (``steerkit eval ... --offset 30 --limit 30``) beside the archived 1-30.
 """
@@ -64,10 +68,12 @@ def table(a: Path, b: Path, names: tuple[str, str]) -> str:
     return f"Each cell: {names[0]} → {names[1]}.\n\n" + "\n".join(lines)
 
 
-def _per_prompt(*runs: Path) -> dict:
+def _per_prompt(*runs: Path, eval_lm: str | None = None) -> dict:
     """``{(setting, measure): {(prompt_set, index): values}}``: each scorer's scores (measure: the scorer's name) and
     the perplexities (measure ``"perplexity"``) of one prompt's continuations, pooled over ``runs`` (runs of one model
-    on other prompts of the same sets, e.g. ``--offset 30``); a prompt in two of them is an error."""
+    on other prompts of the same sets, e.g. ``--offset 30``); a prompt in two of them is an error. A run rescored
+    with another fluency LM (``steerkit eval ... --eval-lm NAME`` on the same run directory) holds one perplexity
+    record per judge: ``eval_lm`` picks the judge, and is required where a run holds several."""
     out: dict = {}
 
     def put(key, prompt, values, run):
@@ -80,8 +86,14 @@ def _per_prompt(*runs: Path) -> dict:
     for run in runs:
         for r in read_records(run, "scores.jsonl"):
             put((r["setting"], r["scorer"]), (r["prompt_set"], r["index"]), r["scores"], run)
-        for r in read_records(run, "fluency.jsonl"):
-            put((r["setting"], "perplexity"), (r["prompt_set"], r["index"]), r["perplexities"], run)
+        fluency = read_records(run, "fluency.jsonl")
+        judges = sorted({r.get("eval_lm") for r in fluency}, key=str)
+        if eval_lm is None and len(judges) > 1:
+            raise SystemExit(f"{run}: its perplexities come from several fluency LMs ({', '.join(map(str, judges))}); "
+                             "pick one with --eval-lm")
+        for r in fluency:
+            if eval_lm is None or r.get("eval_lm") == eval_lm:
+                put((r["setting"], "perplexity"), (r["prompt_set"], r["index"]), r["perplexities"], run)
     return out
 
 
@@ -93,10 +105,11 @@ def _statistic(measure: str, groups: list[list[float]]) -> float:
 
 
 def paired_table(a: Path, b: Path, names: tuple[str, str], resamples: int = 2000, seed: int = 0,
-                 more: list[tuple[Path, Path]] = ()) -> str:
+                 more: list[tuple[Path, Path]] = (), eval_lm: str | None = None) -> str:
     """B − A per (setting, measure) with a paired bootstrap 95% interval over the shared prompts (``more``: further
     runs of A and B on other prompts, pooled)."""
-    runs = [_per_prompt(a, *[m[0] for m in more]), _per_prompt(b, *[m[1] for m in more])]
+    runs = [_per_prompt(a, *[m[0] for m in more], eval_lm=eval_lm),
+            _per_prompt(b, *[m[1] for m in more], eval_lm=eval_lm)]
     # the toxicity scorers: those whose metrics in the report have an average maximum toxicity
     results = json.loads((a / "metrics.json").read_text())["results"]
     measures = {"perplexity"} | {name for r in results for name, m in r["scorers"].items() if "avg_max_toxicity" in m}
@@ -134,11 +147,13 @@ def main() -> None:
                         help="add B − A with paired-bootstrap intervals over prompts")
     parser.add_argument("--more", nargs=2, type=Path, action="append", default=[], metavar=("A2", "B2"),
                         help="runs of the same two models on other prompts (e.g. --offset 30), pooled into --paired")
+    parser.add_argument("--eval-lm", help="the fluency LM whose perplexities --paired compares, where a run was "
+                                          "rescored by several (e.g. gemma3-270m, smollm2-135m-instruct)")
     args = parser.parse_args()
     print(table(args.a, args.b, tuple(args.names)))
     if args.paired:
         print()
-        print(paired_table(args.a, args.b, tuple(args.names), more=args.more))
+        print(paired_table(args.a, args.b, tuple(args.names), more=args.more, eval_lm=args.eval_lm))
 
 
 if __name__ == "__main__":

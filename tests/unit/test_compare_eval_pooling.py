@@ -1,5 +1,6 @@
 """benchmarks/compare_eval_runs.py --more: runs of two models on other prompts pooled into one paired comparison give
-what one run of all the prompts gives; a prompt in two pooled runs is refused."""
+what one run of all the prompts gives; a prompt in two pooled runs is refused. --eval-lm: runs rescored by a second
+fluency LM compare one judge at a time."""
 
 from __future__ import annotations
 
@@ -55,3 +56,28 @@ def test_pooled_runs_equal_one_run_of_all_prompts(tmp_path, monkeypatch):
     assert first != whole and "| 5 |" in first
     with pytest.raises(SystemExit, match="also in an earlier run"):
         paired_table(a, b, ("A", "B"), resamples=10, more=[(parts["a"][1], parts["b"][1])])
+
+
+def test_a_run_rescored_by_a_second_fluency_lm_compares_one_judge_at_a_time(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from compare_eval_runs import paired_table
+
+    a = write_run(tmp_path / "a", range(8), random.Random(0))
+    b = write_run(tmp_path / "b", range(8), random.Random(1))
+    before = paired_table(a, b, ("A", "B"), resamples=100)
+    for run in (a, b):  # the same records judged again by "other", at ten times the perplexity
+        lines = (run / "fluency.jsonl").read_text().splitlines()
+        again = [dict(r, eval_lm="other", perplexities=[10 * v for v in r["perplexities"]])
+                 for r in map(json.loads, lines)]
+        (run / "fluency.jsonl").write_text("\n".join(lines) + "\n" + "".join(json.dumps(r) + "\n" for r in again))
+    with pytest.raises(SystemExit, match="several fluency LMs.*--eval-lm"):
+        paired_table(a, b, ("A", "B"), resamples=10)
+    assert paired_table(a, b, ("A", "B"), resamples=100, eval_lm="lm") == before
+    other = paired_table(a, b, ("A", "B"), resamples=100, eval_lm="other")
+    ppl = [line for line in other.splitlines() if "median ppl" in line]
+    first = [line for line in before.splitlines() if "median ppl" in line]
+    assert len(ppl) == len(first) == 2
+    for mine, theirs in zip(ppl, first):  # ten times every perplexity: ten times the medians and the difference
+        va, vb = (float(c) for c in mine.split("|")[4:6])
+        wa, wb = (float(c) for c in theirs.split("|")[4:6])
+        assert va == pytest.approx(10 * wa, abs=0.06) and vb == pytest.approx(10 * wb, abs=0.06)
