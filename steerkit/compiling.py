@@ -143,8 +143,10 @@ class CompiledStep:
                 return self.fn(**kwargs)
             with torch._inductor.config.patch(self.options):
                 return self.fn(**kwargs)
-        print(f"steerkit: compiling {self.what} for {' x '.join(map(str, shape))} (once per shape; cached in "
-              f"{inductor_cache_dir()})", file=sys.stderr, flush=True)
+        # "per process": inductor cannot cache a graph whose weights are packed for oneDNN (a CPU's), only its C++
+        # kernels; every process compiles its shapes again (docs/cli.md, --compile)
+        print(f"steerkit: compiling {self.what} for {' x '.join(map(str, shape))} (once per shape and process; "
+              f"inductor's disk cache: {inductor_cache_dir()})", file=sys.stderr, flush=True)
         start = time.perf_counter()
         with _compiler_warnings_off(), torch._inductor.config.patch(self.options):
             out = self.fn(**kwargs)
