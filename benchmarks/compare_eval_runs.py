@@ -91,6 +91,8 @@ def _per_prompt(*runs: Path, eval_lm: str | None = None) -> dict:
         if eval_lm is None and len(judges) > 1:
             raise SystemExit(f"{run}: its perplexities come from several fluency LMs ({', '.join(map(str, judges))}); "
                              "pick one with --eval-lm")
+        if eval_lm is not None and fluency and eval_lm not in judges:
+            raise SystemExit(f"{run}: no perplexities by {eval_lm!r}; its fluency LMs: {', '.join(map(str, judges))}")
         for r in fluency:
             if eval_lm is None or r.get("eval_lm") == eval_lm:
                 put((r["setting"], "perplexity"), (r["prompt_set"], r["index"]), r["perplexities"], run)

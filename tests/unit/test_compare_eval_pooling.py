@@ -73,6 +73,8 @@ def test_a_run_rescored_by_a_second_fluency_lm_compares_one_judge_at_a_time(tmp_
     with pytest.raises(SystemExit, match="several fluency LMs.*--eval-lm"):
         paired_table(a, b, ("A", "B"), resamples=10)
     assert paired_table(a, b, ("A", "B"), resamples=100, eval_lm="lm") == before
+    with pytest.raises(SystemExit, match="no perplexities by 'gemma'.*lm, other"):
+        paired_table(a, b, ("A", "B"), resamples=10, eval_lm="gemma")
     other = paired_table(a, b, ("A", "B"), resamples=100, eval_lm="other")
     ppl = [line for line in other.splitlines() if "median ppl" in line]
     first = [line for line in before.splitlines() if "median ppl" in line]
