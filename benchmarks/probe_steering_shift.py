@@ -115,6 +115,7 @@ def main():
     records = records[:args.limit] if args.limit else records
     if not records:
         raise SystemExit(f"no {args.setting} records in {args.run}")
+    ref = 20.0 if 20.0 in betas else betas[0]  # the β whose probability shifts are summed per token
     started = time.perf_counter()
     per_prompt = defaultdict(list)  # (measure, beta, reward) -> per prompt mean over its steps, in records' order
     removed = {"a": defaultdict(float), "b": defaultdict(float)}  # token id -> probability taken away, summed
@@ -128,7 +129,6 @@ def main():
             for b in betas:
                 for name in rewards:
                     per_prompt[(m, b, name)].append(statistics.fmean(s[name][b][m] for s in steps))
-        ref = 20.0 if 20.0 in betas else betas[0]
         for s in steps:
             for j, v in enumerate(s["candidates"]):
                 seen[v] += 1
@@ -142,15 +142,15 @@ def main():
             diff = [y - x for x, y in zip(a_vals, b_vals)]
             rows.append({"measure": m, "beta": b, "a": statistics.fmean(a_vals), "b": statistics.fmean(b_vals),
                          "b_minus_a": statistics.fmean(diff), "ci95": bootstrap(diff, args.resamples, 0)})
-    extra = sorted(((removed["b"][v] - removed["a"][v], v) for v in seen), reverse=True)
-    less = sorted(((removed["b"][v] - removed["a"][v], v) for v in seen))
-    tokens = {"beta": ref,
-              "b_takes_more": [{"token": tok.decode([v]), "extra_mass": round(d, 3), "as_candidate": seen[v],
-                                "a_mass": round(removed["a"][v], 3), "b_mass": round(removed["b"][v], 3)}
-                               for d, v in extra[:args.top_tokens]],
-              "b_takes_less": [{"token": tok.decode([v]), "extra_mass": round(d, 3), "as_candidate": seen[v],
-                                "a_mass": round(removed["a"][v], 3), "b_mass": round(removed["b"][v], 3)}
-                               for d, v in less[:args.top_tokens]]}
+    differences = [(removed["b"][v] - removed["a"][v], v) for v in seen]
+
+    def listed(order: list) -> list[dict]:
+        return [{"token": tok.decode([v]), "extra_mass": round(d, 3), "as_candidate": seen[v],
+                 "a_mass": round(removed["a"][v], 3), "b_mass": round(removed["b"][v], 3)}
+                for d, v in order[:args.top_tokens]]
+
+    tokens = {"beta": ref, "b_takes_more": listed(sorted(differences, reverse=True)),
+              "b_takes_less": listed(sorted(differences))}
     print(f"\n{len(records)} prompts, {n_steps} steps, k = {args.k}; A = {args.a}, B = {args.b}")
     print(f"{'measure':<10} {'beta':>5} {'A':>8} {'B':>8} {'B - A':>8}  95%")
     for r in rows:
