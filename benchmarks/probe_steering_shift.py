@@ -19,7 +19,12 @@ whose probability B takes away more than A does, summed over all steps (where B'
         --run docs/results/experiments/toxicity-0.8.0-reduced \\
         --run docs/results/experiments/toxicity-0.8.0-reduced-prompts-31-60
 
-Writes benchmarks/results/probe_steering_shift.json.
+Writes benchmarks/results/probe_steering_shift.json. ``--own-paths A_JSON B_JSON`` then compares each reward on its
+own steered path: A's measures from a run on A's steered continuations (``--setting k20-beta20``, A's eval runs)
+against B's from a run on B's, paired by prompt (nothing is scored again):
+
+    python benchmarks/probe_steering_shift.py --own-paths benchmarks/results/probe_steering_shift_on_a_beta20.json \
+        benchmarks/results/probe_steering_shift_on_b_beta20.json
 """
 
 from __future__ import annotations
@@ -88,12 +93,39 @@ def bootstrap(per_prompt: list[float], resamples: int, seed: int) -> list[float]
     return [means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]]
 
 
+def own_paths(on_a: dict, on_b: dict, resamples: int) -> list[dict]:
+    """B on B's states against A on A's, per measure and β, paired by prompt: ``on_a`` and ``on_b`` are this probe's
+    JSON results of runs on A's and on B's own steered continuations."""
+    keys = [tuple(k) for k in on_a["prompt_keys"]]
+    if sorted(keys) != sorted(tuple(k) for k in on_b["prompt_keys"]):
+        raise SystemExit("the two results are not of the same prompts")
+    rows = []
+    for m in MEASURES:
+        for b in sorted({float(key.split("/")[1]) for key in on_a["per_prompt"]}):
+            a_vals = dict(zip(keys, on_a["per_prompt"][f"{m}/{b:g}/a"]))
+            b_vals = dict(zip(map(tuple, on_b["prompt_keys"]), on_b["per_prompt"][f"{m}/{b:g}/b"]))
+            diff = [b_vals[k] - a_vals[k] for k in keys]
+            rows.append({"measure": m, "beta": b, "a": statistics.fmean(a_vals.values()),
+                         "b": statistics.fmean(b_vals.values()), "b_minus_a": statistics.fmean(diff),
+                         "ci95": bootstrap(diff, resamples, 0)})
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    print(f"{'measure':<10} {'beta':>5} {'A':>8} {'B':>8} {'B - A':>8}  95%")
+    for r in rows:
+        print(f"{r['measure']:<10} {r['beta']:>5g} {r['a']:>8.4f} {r['b']:>8.4f} {r['b_minus_a']:>+8.4f}  "
+              f"[{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}]")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--a", required=True, help="the reference reward (name or directory)")
-    parser.add_argument("--b", required=True, help="the reward compared with it")
-    parser.add_argument("--run", action="append", required=True,
+    parser.add_argument("--a", help="the reference reward (name or directory)")
+    parser.add_argument("--b", help="the reward compared with it")
+    parser.add_argument("--run", action="append",
                         help="an archived steerkit eval run whose unsteered continuations give the states (repeatable)")
+    parser.add_argument("--own-paths", nargs=2, metavar=("A_JSON", "B_JSON"),
+                        help="compare two results of this probe, on A's and on B's own steered continuations")
     parser.add_argument("--setting", default="unsteered-k20",
                         help="the setting whose continuations give the states: unsteered-k20 (default) "
                              "or a steered one, e.g. k20-beta20")
@@ -107,6 +139,13 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "probe_steering_shift.json"))
     args = parser.parse_args()
+    if args.own_paths:
+        on_a, on_b = (json.loads(Path(p).read_text()) for p in args.own_paths)
+        print(f"each reward on its own path: A = {on_a['a']} on {on_a['runs']}, B = {on_b['b']} on {on_b['runs']}")
+        print_rows(own_paths(on_a, on_b, args.resamples))
+        return
+    if not (args.a and args.b and args.run):
+        parser.error("--a, --b and --run are required (or --own-paths)")
     betas = args.beta or [10.0, 20.0, 50.0]
     torch.set_num_threads(args.threads)
     lm, tok, _ = load_causal_lm_cached("smollm2-135m-instruct")
@@ -152,10 +191,7 @@ def main():
     tokens = {"beta": ref, "b_takes_more": listed(sorted(differences, reverse=True)),
               "b_takes_less": listed(sorted(differences))}
     print(f"\n{len(records)} prompts, {n_steps} steps, k = {args.k}; A = {args.a}, B = {args.b}")
-    print(f"{'measure':<10} {'beta':>5} {'A':>8} {'B':>8} {'B - A':>8}  95%")
-    for r in rows:
-        print(f"{r['measure']:<10} {r['beta']:>5g} {r['a']:>8.4f} {r['b']:>8.4f} {r['b_minus_a']:>+8.4f}  "
-              f"[{r['ci95'][0]:+.4f}, {r['ci95'][1]:+.4f}]")
+    print_rows(rows)
     print(f"\ncandidates B takes more probability from than A (beta {ref:g}, summed over steps):")
     for t in tokens["b_takes_more"]:
         print(f"  {t['token']!r:<16} +{t['extra_mass']:.3f}  (A {t['a_mass']:.3f}, B {t['b_mass']:.3f}; "

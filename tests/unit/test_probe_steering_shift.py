@@ -55,3 +55,22 @@ def test_walk_scores_the_lms_top_k_of_each_prefix(monkeypatch):
             assert step[name][10.0]["std"] == pytest.approx(float(rho.std()), abs=1e-6)
             assert step[name][0.0]["kl"] == pytest.approx(0.0, abs=1e-12)
         assert step["a"][10.0]["kl"] != pytest.approx(step["b"][10.0]["kl"])  # two rewards, two measures
+
+
+def test_own_paths_pairs_the_two_results_by_prompt(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from probe_steering_shift import MEASURES, own_paths
+
+    keys = [["set", i] for i in range(6)]
+    on_a = {"prompt_keys": keys, "per_prompt": {f"{m}/20/{r}": [float(i) for i in range(6)]
+                                               for m in MEASURES for r in "ab"}}
+    # B's result lists the prompts in reverse; B on prompt i is A on prompt i plus 1
+    on_b = {"prompt_keys": keys[::-1], "per_prompt": {f"{m}/20/{r}": [float(i) + 1 for i in reversed(range(6))]
+                                                     for m in MEASURES for r in "ab"}}
+    rows = own_paths(on_a, on_b, resamples=50)
+    assert [(r["measure"], r["beta"]) for r in rows] == [(m, 20.0) for m in MEASURES]
+    for r in rows:
+        assert r["b_minus_a"] == pytest.approx(1.0) and r["ci95"] == pytest.approx([1.0, 1.0])
+        assert r["a"] == pytest.approx(2.5) and r["b"] == pytest.approx(3.5)
+    with pytest.raises(SystemExit, match="not of the same prompts"):
+        own_paths(on_a, dict(on_b, prompt_keys=[["set", i] for i in range(1, 7)]), resamples=10)
