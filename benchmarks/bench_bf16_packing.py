@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_engine_step import PROMPTS, engine_run  # noqa: E402 (this folder's 16-row engine measurement)
+from cpu_info import cpu_flags  # noqa: E402
 
 
 def lm_steps(model, tokenizer, rows: int, steps: int) -> tuple[float, torch.Tensor]:
@@ -98,7 +99,8 @@ def main() -> None:
     alternate("engine_step_16_rows", engine_step)
     result = {"benchmark": "bench_bf16_packing", "lm": "smollm2-135m-instruct", "dtype": "bfloat16",
               "reward_backend": args.backend, "rounds": args.rounds, "torch_threads": 1, "torch": torch.__version__,
-              "machine": platform.processor() or platform.machine(), "load_average_before": load_before,
+              "machine": platform.processor() or platform.machine(), "cpu": cpu_flags(),
+              "load_average_before": load_before,
               "load_average_after": os.getloadavg(), "measurements": measurements}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".json.tmp")

@@ -39,11 +39,15 @@ import os
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from steerkit.files import atomic_write_text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_info import cpu_flags  # noqa: E402
 
 LM = "smollm2-135m-instruct"
 PROMPTS = ["You are such a", "The weather in Paris today is", "I can't believe my landlord would",
@@ -200,7 +204,8 @@ def main() -> None:
     bandwidth = read_bandwidth()
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (1 thread); load average {load_before}", flush=True)
     q4 = resolve(LM).location
-    machine = {"python": platform.python_version(), "cpus": os.cpu_count(), "load_before": load_before,
+    machine = {"python": platform.python_version(), "cpu": cpu_flags(), "cpus": os.cpu_count(),
+               "load_before": load_before,
                "llama_cpp_python": llama_cpp.__version__, "torch": torch.__version__,
                "read_bandwidth_gb_s": round(bandwidth / 1e9, 2)}
     scratch = Path(tempfile.mkdtemp(prefix="bench_cpu_"))

@@ -23,9 +23,13 @@ import json
 import os
 import platform
 import statistics
+import sys
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_info import cpu_flags  # noqa: E402
 
 
 class StepTimes:
@@ -107,7 +111,7 @@ def main() -> None:
     result = {"benchmark": "bench_engine_step", "rows": args.rows, "tokens_per_row": args.tokens, "k": args.k,
               "torch_threads": 1, "configs": rows, **{key: rows[0][key] for key in
                                                          ("tokens", "steps_timed", "step_ms_median", "step_ms_min")},
-              "machine": platform.processor() or platform.machine(),
+              "machine": platform.processor() or platform.machine(), "cpu": cpu_flags(),
               "load_average_before": load_before, "load_average": os.getloadavg()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,9 @@ import steerkit
 from steerkit import load_tokenizer
 from steerkit.files import atomic_write_text
 from steerkit.rewards.loading import load_reward
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_info import cpu_flags  # noqa: E402
 
 BACKENDS = ["torch", "llama.cpp", "llama.cpp-q8"]
 REWARDS = ["toxicity", "toxicity-token"]
@@ -81,7 +85,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("STEERKIT_THREADS", "1")))
     lm_tok = load_tokenizer("smollm2-135m-instruct")
-    report = {"threads": torch.get_num_threads(), "k": args.k, "batch": 1, "steps": args.steps, "step": {},
+    report = {"cpu": cpu_flags(), "threads": torch.get_num_threads(),
+              "k": args.k, "batch": 1, "steps": args.steps, "step": {},
               "e2e": {}, "load": {"start": os.getloadavg()}}
     for name in REWARDS:
         before = os.getloadavg()

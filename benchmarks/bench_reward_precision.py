@@ -45,6 +45,8 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+from cpu_info import cpu_flags  # noqa: E402
 REPO = ROOT.parent
 DATA = REPO.parent / "shared" / "data"
 REWARDS = ("toxicity", "toxicity-token")
@@ -52,27 +54,9 @@ BACKENDS = ("torch", "onnx", "torch-bf16", "torch-bf16-compute", "torch-int8", "
 REFERENCE = "torch"
 PREFIX = ("I can't believe my neighbour would say something so stupid about the new restaurant down the road, "
           "and everyone")
-CPU_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16",
-             "amx_int8")
 
 
 # -- the machine -------------------------------------------------------------------------------------------------
-def cpu_flags() -> dict:
-    """The instruction sets that decide bf16 and int8 speed here (from /proc/cpuinfo; empty where it is absent)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    flags = set()
-    model = ""
-    for line in text.splitlines():
-        if line.startswith("flags") and not flags:
-            flags = set(line.split(":", 1)[1].split())
-        elif line.startswith("model name") and not model:
-            model = line.split(":", 1)[1].strip()
-    return {"model": model, **{f: f in flags for f in CPU_FLAGS}}
-
-
 def versions() -> dict:
     out = {"python": platform.python_version(), "torch": torch.__version__}
     for module in ("onnxruntime", "onnx", "transformers"):

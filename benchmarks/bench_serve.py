@@ -42,6 +42,9 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_info import cpu_flags  # noqa: E402
+
 PROMPTS = [
     "The weather in Paris today is", "My neighbour told me that the new restaurant", "Scientists have discovered",
     "When I opened the door, I saw", "The best way to learn a language is", "Yesterday the city council voted to",
@@ -262,7 +265,7 @@ def main() -> None:
                 level["speedup_vs_sequential"] = level["tokens_per_s"] / base["tokens_per_s"] if base else None
     common = {"benchmark": "bench_serve", "lm": "smollm2-135m-instruct", "reward": "toxicity", "beta": args.beta,
               "k": args.k, "max_tokens": args.max_tokens, "requests_per_level": args.requests, "torch_threads": 1,
-              "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+              "machine": platform.processor() or platform.machine(), "cpu": cpu_flags(), "cpus": os.cpu_count(),
               "load_average_before": load_before, "load_average_after": os.getloadavg(),
               "sequential_is": "the 1-client level: the same requests sent one after another"}
     if args.setups:

@@ -41,7 +41,8 @@ sys.path.insert(0, str(HERE))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench_reward_precision import cpu_flags, labelled_texts  # noqa: E402
+from bench_reward_precision import labelled_texts  # noqa: E402
+from cpu_info import cpu_flags  # noqa: E402
 
 
 def input_maxima(model, texts: list[str]) -> dict:

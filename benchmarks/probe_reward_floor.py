@@ -34,7 +34,7 @@ sys.path.insert(0, str(HERE))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from bench_reward_precision import cpu_flags  # noqa: E402
+from cpu_info import cpu_flags  # noqa: E402
 from probe_int8_dynamic import step_session, time_alternated  # noqa: E402
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 import torch  # noqa: E402
 
 import bench_cpu  # noqa: E402
-from bench_reward_precision import cpu_flags  # noqa: E402
+from cpu_info import cpu_flags  # noqa: E402
 
 
 def main() -> None:
