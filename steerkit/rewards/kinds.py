@@ -27,6 +27,7 @@ import functools
 import importlib
 import json
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -105,7 +106,7 @@ class RewardKind:
 
     def load_model(self, directory, backend: str = DEFAULT_BACKEND, *, cached: bool = False):
         """The model of ``directory`` run by ``backend`` (``"auto"``: the backend its format asks for); ``cached``:
-        once per process, kind, backend and directory (what packaged rewards use)."""
+        once per process, kind, backend and directory as its files are (:func:`_cached_model`)."""
         directory = Path(directory)
         backend = resolve_backend(backend, directory)
         if cached:
@@ -159,9 +160,51 @@ class RewardKind:
         return _resolve(self.card_method)(config, method) if self.card_method is not None else method
 
 
-@functools.lru_cache(maxsize=16)
+#: loaded models kept for :func:`_cached_model` (the least recently used goes first)
+MAX_CACHED_MODELS = 16
+_models: OrderedDict[tuple, tuple[tuple, Any]] = OrderedDict()
+_models_lock = threading.Lock()
+
+
 def _cached_model(kind: RewardKind, directory: str, backend: str):
-    return kind.load_model(directory, backend)
+    """``kind.load_model(directory, backend)``, loaded once while the directory's files stay as they are: a
+    directory whose files changed since (a model trained or saved into it again) loads again and replaces the
+    entry. Every ``generate`` with a reward-model directory comes here, so a loop of calls loads it once."""
+    key = (kind.name, directory, backend)
+    stamp = _directory_stamp(Path(directory))
+    with _models_lock:
+        entry = _models.get(key)
+        if entry is not None and stamp is not None and entry[0] == stamp:
+            _models.move_to_end(key)
+            return entry[1]
+    model = kind.load_model(directory, backend)  # outside the lock: loading takes seconds
+    if stamp is not None:
+        with _models_lock:
+            _models[key] = (stamp, model)
+            _models.move_to_end(key)
+            while len(_models) > MAX_CACHED_MODELS:
+                _models.popitem(last=False)
+    return model
+
+
+def clear_model_cache() -> None:
+    """Forget every model :func:`_cached_model` holds: the next load of each directory reads it from disk."""
+    with _models_lock:
+        _models.clear()
+
+
+def _directory_stamp(directory: Path, limit: int = 1000) -> tuple | None:
+    """Each file under ``directory`` with its size, modification time and inode (steerkit writes files atomically,
+    as new inodes); None (not cached) where it cannot be read or holds more than ``limit`` files (a reward-model
+    directory or an export holds a handful)."""
+    try:
+        files = [p for p in directory.rglob("*") if p.is_file()]
+        if len(files) > limit:
+            return None
+        return tuple(sorted((str(p.relative_to(directory)), st.st_size, st.st_mtime_ns, st.st_ino)
+                            for p in files for st in (p.stat(),)))
+    except OSError:
+        return None
 
 
 # -- the table ------------------------------------------------------------------------------------------
@@ -182,7 +225,9 @@ def unregister_kind(name: str) -> None:
     """Remove kind ``name`` from the table (no error if it is not there)."""
     with _lock:
         _KINDS.pop(name, None)
-    _cached_model.cache_clear()
+    with _models_lock:
+        for key in [key for key in _models if key[0] == name]:
+            del _models[key]
 
 
 def kind_names() -> list[str]:

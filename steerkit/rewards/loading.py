@@ -57,8 +57,9 @@ def _is_registered(name: str) -> bool:
 def load_directory(directory: Path, *, backend: str = DEFAULT_BACKEND, context: str = "continuation",
                    name: str | None = None) -> Reward:
     """The reward of a reward-model directory (or a backend's export directory) run by ``backend`` (``"auto"``: the
-    backend its format asks for), as its kind (:func:`~steerkit.rewards.kinds.kind_of`) loads it."""
-    return kind_of(directory).load_reward(Path(directory), backend=backend, context=context, name=name)
+    backend its format asks for), as its kind (:func:`~steerkit.rewards.kinds.kind_of`) loads it: the model once
+    per process while the directory's files stay as they are (a retrained directory loads again)."""
+    return kind_of(directory).load_reward(Path(directory), backend=backend, context=context, name=name, cached=True)
 
 
 def get_reward(name: str, *, backend: str = DEFAULT_BACKEND, context: str = "continuation"):

@@ -167,3 +167,24 @@ def test_a_kind_can_detect_its_directories_by_their_files(tmp_path):
     finally:
         unregister_kind("marked")
     assert kind_of(directory) is get_kind("sequence")
+
+
+def test_a_directory_loads_once_until_its_files_change(tmp_path, tiny_backbone_dir):
+    """``generate(rewards={DIR: beta})`` in a loop loaded the model from disk on every call (about 1 s for the shipped
+    6-layer model); now once, and again only when the directory is rewritten (a retrain into the same folder)."""
+    rm, directory = save_model("sequence", tiny_backbone_dir, tmp_path / "rm")
+    first = steerkit.load_reward(str(directory))
+    again = steerkit.load_reward(str(directory / "reward_config.json"))
+    assert again.model is first.model and again is not first  # one model, a fresh reward (its own sessions)
+    assert steerkit.load_reward(str(directory), backend="onnx").model is not first.model  # per backend
+    texts = ["I love this movie", "I hate it"]
+    before = first.model.score_texts(texts)
+
+    with torch.no_grad():
+        rm.head.bias.add_(3.0)  # a different model saved into the same directory
+    rm.save_pretrained(directory)
+    retrained = steerkit.load_reward(str(directory))
+    assert retrained.model is not first.model
+    assert retrained.model.score_texts(texts) == pytest.approx(rm.score_texts(texts), abs=1e-6)
+    assert retrained.model.score_texts(texts) != pytest.approx(before, abs=1e-3)
+    assert steerkit.load_reward(str(directory)).model is retrained.model

@@ -17,6 +17,7 @@ import torch
 
 import steerkit
 from steerkit.errors import ConfigError, ExportError, InvalidArgumentError
+from steerkit.rewards.kinds import clear_model_cache
 from steerkit.rewards.model import RewardModel, TokenHeadSettings
 from steerkit.rewards.precision import (BF16, BF16_COMPUTE, INT8, Bf16Linear, Bf16MatmulLinear, Int8MatmulLinear,
                                         as_reduced, reduced_weights)
@@ -187,6 +188,7 @@ def test_a_failed_quantization_publishes_nothing(reward_dir, steerkit_cache, mon
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(quantize, "quantize_graph", broken)
+    clear_model_cache()  # as in a process that has not loaded this directory on onnx-int8 yet
     with pytest.raises(RuntimeError, match="disk full"):
         steerkit.load_reward(str(reward_dir), backend="onnx-int8")
     assert not entry.exists()
@@ -256,6 +258,7 @@ def test_an_onnxruntime_without_8bit_kernels_says_which_version_to_install(rewar
 
     monkeypatch.setattr(quantize, "_int8_support", lambda: "backend 'onnx-int8' needs onnxruntime >= 1.22 (8-bit "
                                                            "MatMulNBits kernels); this is onnxruntime 1.19.0")
+    clear_model_cache()  # as in a process that has not loaded this directory on onnx-int8 yet
     with pytest.raises(ExportError, match=r"needs onnxruntime >= 1\.22"):
         steerkit.load_reward(str(reward_dir), backend="onnx-int8")
     assert not quantize.int8_supported()
