@@ -198,9 +198,12 @@ def _directory_stamp(directory: Path, limit: int = 1000) -> tuple | None:
     as new inodes); None (not cached) where it cannot be read or holds more than ``limit`` files (a reward-model
     directory or an export holds a handful)."""
     try:
-        files = [p for p in directory.rglob("*") if p.is_file()]
-        if len(files) > limit:
-            return None
+        files = []
+        for p in directory.rglob("*"):  # stops at the limit: a large folder is not walked on every load
+            if p.is_file():
+                files.append(p)
+                if len(files) > limit:
+                    return None
         return tuple(sorted((str(p.relative_to(directory)), st.st_size, st.st_mtime_ns, st.st_ino)
                             for p in files for st in (p.stat(),)))
     except OSError:
