@@ -176,13 +176,25 @@ def raw(server, head: bytes, timeout: float = 10.0) -> socket.socket:
 
 
 def read_status(sock) -> tuple[int, bytes]:
+    """The status and the whole reply: the head, then the body up to its Content-Length (the server may send them
+    in separate packets) or until the server closes."""
     data = b""
-    while b"\r\n\r\n" not in data:
+    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _content_length(data):
         got = sock.recv(65536)
         if not got:
             break
         data += got
     return int(data.split(b" ", 2)[1]), data
+
+
+def _content_length(data: bytes) -> int:
+    """The Content-Length of a reply's head (0 without one or before the head is complete)."""
+    head = data.split(b"\r\n\r\n", 1)[0] if b"\r\n\r\n" in data else b""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value.strip())
+    return 0
 
 
 def test_a_chunked_body_over_the_limit_is_refused_while_it_arrives(parts):
