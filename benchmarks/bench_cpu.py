@@ -140,6 +140,23 @@ TARGETS = (("RAD through llama.cpp, toxicity-token, over llama.cpp Q4_1 plain", 
            ("steerkit's own engine compiled, plain F32, over llama.cpp F32", "compiled F32", "F32", 1.3))
 
 
+def alternated_rounds(runs: dict, rounds: int) -> list[dict]:
+    """ms per token of each run per round: every run once untimed (loads, exports, compiles), then ``rounds`` rounds
+    of the runs in turn, their order reversed every round (a run returns seconds, tokens and texts, as
+    :func:`engine_run` does)."""
+    for run in runs.values():
+        run()
+    per_round = []
+    for r in range(rounds):
+        ms = {}
+        for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
+            seconds, count, _ = runs[name]()
+            ms[name] = round(seconds * 1000 / count, 2)
+        per_round.append(ms)
+        print(f"round {r}: {ms}", flush=True)
+    return per_round
+
+
 def target_rounds(rounds: int, files: dict, tokenizer, hf, tokens: int, prompts) -> dict:
     """Issue 25's batch-1 target rows, alternated for ``rounds`` rounds: ms per token per round, and each target's
     ratio per round (a steered row with each reward backend; its best backend decides)."""
@@ -157,22 +174,14 @@ def target_rounds(rounds: int, files: dict, tokenizer, hf, tokens: int, prompts)
         for backend in ("onnx", *REWARD_BACKENDS):
             runs[f"{steering} ({backend})"] = (lambda s=steering, b=backend: engine_run(
                 llama_lm, REWARDS[s], tokens, prompts, 1, b))
-    for run in runs.values():  # loads, exports, compiles
-        run()
     per_round = []
-    for r in range(rounds):
-        ms = {}
-        for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
-            seconds, count, _ = runs[name]()
-            ms[name] = round(seconds * 1000 / count, 2)
+    for r, ms in enumerate(alternated_rounds(runs, rounds)):
         ratios = {}
         for label, row, base, _ in TARGETS:
             best = min(v for k, v in ms.items() if k == row or k.startswith(row + " ("))
             ratios[label] = round(best / ms[base], 3)
         per_round.append({"ms_per_token": ms, "ratios": ratios})
-        print(f"round {r}: {ms}", flush=True)
-        for label, ratio in ratios.items():
-            print(f"    {label}: {ratio}", flush=True)
+        print(f"ratios of round {r}: {ratios}", flush=True)
     summary = {}
     for label, _, _, target in TARGETS:
         values = [p["ratios"][label] for p in per_round]

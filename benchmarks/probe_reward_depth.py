@@ -92,16 +92,10 @@ def main() -> None:
                 runs[f"engine=llama.cpp, toxicity at {depth} layers ({backend})"] = (
                     lambda p=str(path), b=backend: bench_cpu.engine_run(llama_lm, {p: -20.0}, args.tokens, prompts, 1,
                                                                         b))
-        for run in runs.values():  # loads, exports
-            run()
-        ms = {name: [] for name in runs}
-        for r in range(args.rounds):
-            for name in (list(runs) if r % 2 == 0 else list(reversed(runs))):
-                seconds, count, _ = runs[name]()
-                ms[name].append(round(1000 * seconds / count, 2))
-            print(f"round {r}: " + ", ".join(f"{name}: {v[-1]}" for name, v in ms.items()), flush=True)
+        per_round = bench_cpu.alternated_rounds(runs, args.rounds)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    ms = {name: [round_ms[name] for round_ms in per_round] for name in runs}
     rows = []
     for name, values in ms.items():
         ratios = [round(v / b, 3) for v, b in zip(values, ms[base])]

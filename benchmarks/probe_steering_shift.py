@@ -93,21 +93,27 @@ def bootstrap(per_prompt: list[float], resamples: int, seed: int) -> list[float]
     return [means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]]
 
 
+def paired_row(measure: str, beta: float, a_vals: list[float], b_vals: list[float], resamples: int) -> dict:
+    """One table row: A's and B's means over prompts (``a_vals[i]`` and ``b_vals[i]`` of the same prompt), and the
+    mean paired difference B - A with its bootstrap 95% interval."""
+    diff = [y - x for x, y in zip(a_vals, b_vals)]
+    return {"measure": measure, "beta": beta, "a": statistics.fmean(a_vals), "b": statistics.fmean(b_vals),
+            "b_minus_a": statistics.fmean(diff), "ci95": bootstrap(diff, resamples, 0)}
+
+
 def own_paths(on_a: dict, on_b: dict, resamples: int) -> list[dict]:
     """B on B's states against A on A's, per measure and β, paired by prompt: ``on_a`` and ``on_b`` are this probe's
     JSON results of runs on A's and on B's own steered continuations."""
     keys = [tuple(k) for k in on_a["prompt_keys"]]
-    if sorted(keys) != sorted(tuple(k) for k in on_b["prompt_keys"]):
+    b_keys = [tuple(k) for k in on_b["prompt_keys"]]
+    if sorted(keys) != sorted(b_keys):
         raise SystemExit("the two results are not of the same prompts")
+    betas = sorted({float(key.split("/")[1]) for key in on_a["per_prompt"]})
     rows = []
     for m in MEASURES:
-        for b in sorted({float(key.split("/")[1]) for key in on_a["per_prompt"]}):
-            a_vals = dict(zip(keys, on_a["per_prompt"][f"{m}/{b:g}/a"]))
-            b_vals = dict(zip(map(tuple, on_b["prompt_keys"]), on_b["per_prompt"][f"{m}/{b:g}/b"]))
-            diff = [b_vals[k] - a_vals[k] for k in keys]
-            rows.append({"measure": m, "beta": b, "a": statistics.fmean(a_vals.values()),
-                         "b": statistics.fmean(b_vals.values()), "b_minus_a": statistics.fmean(diff),
-                         "ci95": bootstrap(diff, resamples, 0)})
+        for b in betas:
+            b_vals = dict(zip(b_keys, on_b["per_prompt"][f"{m}/{b:g}/b"]))
+            rows.append(paired_row(m, b, on_a["per_prompt"][f"{m}/{b:g}/a"], [b_vals[k] for k in keys], resamples))
     return rows
 
 
@@ -177,10 +183,7 @@ def main():
     rows = []
     for m in MEASURES:
         for b in betas:
-            a_vals, b_vals = per_prompt[(m, b, "a")], per_prompt[(m, b, "b")]
-            diff = [y - x for x, y in zip(a_vals, b_vals)]
-            rows.append({"measure": m, "beta": b, "a": statistics.fmean(a_vals), "b": statistics.fmean(b_vals),
-                         "b_minus_a": statistics.fmean(diff), "ci95": bootstrap(diff, args.resamples, 0)})
+            rows.append(paired_row(m, b, per_prompt[(m, b, "a")], per_prompt[(m, b, "b")], args.resamples))
     differences = [(removed["b"][v] - removed["a"][v], v) for v in seen]
 
     def listed(order: list) -> list[dict]:

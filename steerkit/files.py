@@ -47,6 +47,13 @@ def _memo_key(path: Path, stat: os.stat_result) -> str:
     return hashlib.sha256("|".join(map(str, fields)).encode()).hexdigest()[:32]
 
 
+def file_identity(path: Path) -> str:
+    """What a file is now, by :func:`_memo_key` (path, size, mtime, ctime, inode, first and last MiB): it changes
+    whenever the file is written or replaced, without reading the whole file."""
+    path = Path(path).resolve()
+    return _memo_key(path, path.stat())
+
+
 def sha256_file(path: Path) -> str:
     """SHA-256 of a file, memoised in the cache so large files are hashed once.
 

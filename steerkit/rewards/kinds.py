@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ExportError, InvalidArgumentError, RewardModelFormatError
+from ..files import file_identity
 from .backends import DEFAULT_BACKEND, backend_names, backends_with, check_backend, get_backend, resolve_backend
 from .model_config import CONFIG_NAME
 from .onnx.manifest import MANIFEST_NAME
@@ -187,15 +188,17 @@ def _cached_model(kind: RewardKind, directory: str, backend: str):
     return model
 
 
-def clear_model_cache() -> None:
-    """Forget every model :func:`_cached_model` holds: the next load of each directory reads it from disk."""
+def clear_model_cache(kind: str | None = None) -> None:
+    """Forget the models :func:`_cached_model` holds (of kind ``kind`` only, when given): the next load of each
+    directory reads it from disk."""
     with _models_lock:
-        _models.clear()
+        for key in [key for key in _models if kind is None or key[0] == kind]:
+            del _models[key]
 
 
 def _directory_stamp(directory: Path, limit: int = 1000) -> tuple | None:
-    """Each file under ``directory`` with its size, modification time and inode (steerkit writes files atomically,
-    as new inodes); None (not cached) where it cannot be read or holds more than ``limit`` files (a reward-model
+    """Each file under ``directory`` with its :func:`~steerkit.files.file_identity` (changed by any write or
+    replacement); None (not cached) where it cannot be read or holds more than ``limit`` files (a reward-model
     directory or an export holds a handful)."""
     try:
         files = []
@@ -204,8 +207,7 @@ def _directory_stamp(directory: Path, limit: int = 1000) -> tuple | None:
                 files.append(p)
                 if len(files) > limit:
                     return None
-        return tuple(sorted((str(p.relative_to(directory)), st.st_size, st.st_mtime_ns, st.st_ino)
-                            for p in files for st in (p.stat(),)))
+        return tuple(sorted((str(p.relative_to(directory)), file_identity(p)) for p in files))
     except OSError:
         return None
 
@@ -228,9 +230,7 @@ def unregister_kind(name: str) -> None:
     """Remove kind ``name`` from the table (no error if it is not there)."""
     with _lock:
         _KINDS.pop(name, None)
-    with _models_lock:
-        for key in [key for key in _models if key[0] == name]:
-            del _models[key]
+    clear_model_cache(name)
 
 
 def kind_names() -> list[str]:
