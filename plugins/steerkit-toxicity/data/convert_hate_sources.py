@@ -108,6 +108,14 @@ CAD_ABUSE = ("IdentityDirectedAbuse", "AffiliationDirectedAbuse", "PersonDirecte
 CAD_CATEGORIES = (*CAD_ABUSE, "CounterSpeech", "Neutral")
 GHC_COMMIT = "98f3ee8104cf87bb91ed3e64c31a3097b9f8de84"
 GHC_DIR = "GabHateCorpus/Data"
+#: DynaHate's text and labels (36,559 of the release's 41,144 entries, text unchanged, not the release's split, no
+#: metadata): ecanbazer/DynBERT's ``data/{Train,Test}{,_label}.csv``
+DYNAHATE_COMMIT = "494d0d3930649aaba876a5328c329ed051e17912"
+#: DynaHate's official dev and test splits (the release's ``split`` column; 4,100 and 4,120 rows), text tokenised and
+#: stripped of punctuation by that repository: used only to tell which entries are in the official test split
+DYNAHATE_SPLITS_COMMIT = "0152ce7954cfa7fafee2cc46812756134fffda93"
+DYNAHATE_SPLITS_DIR = "Data_Preprocessing/PreProcessed_Data/DynaHate"
+DYNAHATE_LABELS = {"1": "hate", "0": "nothate"}
 #: A training row that alt-profanity-check scores at least this is relabelled as profane (see the module docstring).
 PROFANE_AT = 0.5
 
@@ -308,6 +316,64 @@ def read_ghc(tsv: str) -> list[dict]:
     return rows
 
 
+def read_dynahate(texts: str, labels: str) -> list[dict]:
+    """Rows ``{label, text}`` of one of DynBERT's DynaHate files: ``texts`` one entry a line, ``labels`` its 0/1
+    label a line (1 hate); raises where the two files' lines do not pair up or a label is not 0/1."""
+    text_lines, label_lines = texts.split("\n"), labels.split("\n")
+    while text_lines and not text_lines[-1] and label_lines and not label_lines[-1]:
+        text_lines.pop()
+        label_lines.pop()
+    if len(text_lines) != len(label_lines):
+        raise ValueError(f"DynaHate: {len(text_lines)} texts against {len(label_lines)} labels")
+    rows = []
+    for line, (text, label) in enumerate(zip(text_lines, label_lines), start=1):
+        if label.strip() not in DYNAHATE_LABELS:
+            raise ValueError(f"DynaHate line {line}: label {label!r}")
+        text = " ".join(text.split())
+        if key(text):
+            rows.append({"label": DYNAHATE_LABELS[label.strip()], "text": text})
+    return rows
+
+
+def split_dynahate(rows: list[dict], official: dict[str, dict[str, str]]) -> tuple[dict[str, list[dict]], Counter]:
+    """DynaHate's entries as ``{"train", "test"}``: ``test`` the entries whose text (by `key`) is in the release's
+    test split (``official["test"]``: key -> label), the rest ``train``; ``official`` column: ``dev``, ``test`` or
+    empty. One row per key; a key seen with two labels, or with another label than the release's split gives it, is
+    dropped. Returns the splits and the counts of what was dropped."""
+    labels: dict[str, set[str]] = {}
+    for row in rows:
+        labels.setdefault(key(row["text"]), set()).add(row["label"])
+    dropped: Counter = Counter()
+    splits: dict[str, list[dict]] = {"train": [], "test": []}
+    seen: set[str] = set()
+    for row in rows:
+        k = key(row["text"])
+        if k in seen:
+            dropped["duplicate"] += 1
+            continue
+        seen.add(k)
+        if len(labels[k]) > 1:
+            dropped["two labels"] += 1
+            continue
+        split = next((name for name in ("test", "dev") if k in official[name]), "")
+        if split and official[split][k] != row["label"]:
+            dropped[f"label differs from the release's {split} split"] += 1
+            continue
+        splits["test" if split == "test" else "train"].append({**row, "official": split})
+    return splits, dropped
+
+
+def read_dynahate_split(tsv: str) -> dict[str, str]:
+    """key -> label of a preprocessed official DynaHate split (tab-separated ``text, label``, hate / nothate)."""
+    out = {}
+    for line, record in enumerate(csv.DictReader(io.StringIO(tsv), delimiter="\t", quoting=csv.QUOTE_NONE), start=2):
+        if record["label"] not in DYNAHATE_LABELS.values():
+            raise ValueError(f"DynaHate split line {line}: label {record['label']!r}")
+        if k := key(record["text"]):
+            out[k] = record["label"]
+    return out
+
+
 def drop_held_out_texts(train: list[dict], *held: list[dict]) -> int:
     """Remove, in place, the training rows whose text (by `key`) is in a held-out split; returns how many."""
     keys = {key(r["text"]) for rows in held for r in rows}
@@ -480,6 +546,37 @@ def write_ghc(repo: Path, out_root: Path) -> None:
           f"flagged 'none, profane' (alt-profanity-check >= {PROFANE_AT}) -> {out}")
 
 
+def write_dynahate_splits(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, DYNAHATE_SPLITS_COMMIT)
+    rows = [{"split": split, "key": k, "label": label}
+            for split, name in (("dev", "Val"), ("test", "Test"))
+            for k, label in read_dynahate_split(_show(repo, commit, f"{DYNAHATE_SPLITS_DIR}/DynaHate_{name}.txt")).items()]
+    out = out_root / "dynahate" / "official_splits.csv"
+    _write_csv(out, rows, ["split", "key", "label"])
+    print(f"DynaHate official splits @{commit[:7]}: {dict(Counter(r['split'] for r in rows))} distinct keys -> {out}")
+
+
+def write_dynahate(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, DYNAHATE_COMMIT)
+    out = out_root / "dynahate"
+    keys = out / "official_splits.csv"
+    if not keys.is_file():
+        raise SystemExit(f"{keys} is missing: give --dynahate-splits (aflah02/The-Art-of-Embedding-Fusion-"
+                         "Optimizing-Hate-Speech-Detection) too, or run it first")
+    official: dict[str, dict[str, str]] = {"dev": {}, "test": {}}
+    with keys.open(encoding="utf-8", newline="") as handle:
+        for record in csv.DictReader(handle):
+            official[record["split"]][record["key"]] = record["label"]
+    rows = [r for part in ("Train", "Test")
+            for r in read_dynahate(_show(repo, commit, f"data/{part}.csv"), _show(repo, commit, f"data/{part}_label.csv"))]
+    splits, dropped = split_dynahate(rows, official)
+    _write_splits(out, splits, ["label", "official", "text"], "DynaHate", commit, unit="entries")
+    _copy_blob(repo, commit, "LICENSE", out / "LICENSE.DynBERT")
+    found = Counter(r["official"] for part in splits.values() for r in part)
+    print(f"DynaHate: {len(rows)} entries read; dropped {dict(dropped)}; of the release's splits found here: "
+          f"dev {found['dev']} of {len(official['dev'])}, test {found['test']} of {len(official['test'])} -> {out}")
+
+
 def run(description: str, sources: dict[str, tuple[str, Callable[[Path, Path], None]]],
         argv: list[str] | None = None) -> int:
     """The command line of a conversion script: ``--NAME GIT_DIR`` for each source (``{NAME: (help, write)}``, at
@@ -512,7 +609,12 @@ def main(argv: list[str] | None = None) -> int:
                                            "cad": ("git directory of NoamElul/cis-5300-final (CAD v1.1's splits)",
                                                    write_cad),
                                            "ghc": ("git directory of liuchaoqun/hate-speech-datasets (the Gab Hate "
-                                                   "Corpus)", write_ghc)}, argv)
+                                                   "Corpus)", write_ghc),
+                                           "dynahate-splits": ("git directory of aflah02/The-Art-of-Embedding-Fusion-"
+                                                               "Optimizing-Hate-Speech-Detection (DynaHate's official "
+                                                               "dev and test splits)", write_dynahate_splits),
+                                           "dynahate": ("git directory of ecanbazer/DynBERT (DynaHate's text; needs "
+                                                        "--dynahate-splits)", write_dynahate)}, argv)
 
 
 if __name__ == "__main__":
