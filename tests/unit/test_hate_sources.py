@@ -402,6 +402,66 @@ def test_the_cad_and_gab_files_read_with_the_documented_counts_and_miss_the_held
         assert not trained & {normalise(e.text) for e in held[name]}, name
     assert len(trained) > 30000
 
+# -- DynaHate (convert_hate_sources.py --dynahate-splits --dynahate; train_dynahate_experiment.yaml)
+
+def test_dynahate_lines_pair_texts_with_their_labels(convert):
+    rows = convert.read_dynahate("Women are  inferior\nI love dogs\n\t\n", "1\n0\n0\n")
+    assert rows == [{"label": "hate", "text": "Women are inferior"}, {"label": "nothate", "text": "I love dogs"}]
+    with pytest.raises(ValueError, match="2 texts against 3 labels"):
+        convert.read_dynahate("a\nb\n", "1\n0\n1\n")
+    with pytest.raises(ValueError, match="line 2"):
+        convert.read_dynahate("a\nb\n", "1\nhate\n")
+
+
+def test_dynahate_entries_of_the_release_test_split_are_held_out_by_their_words(convert):
+    official = convert.read_dynahate_split("text\tlabel\nwomen are inferior\thate\nim not a fan of rain\tnothate\n")
+    assert official == {"women are inferior": "hate", "im not a fan of rain": "nothate"}
+    rows = [{"label": "hate", "text": "Women are inferior!"},
+            {"label": "nothate", "text": "I'm not a fan of rain."},
+            {"label": "hate", "text": "women are INFERIOR"},  # a duplicate of the first
+            {"label": "hate", "text": "Cats are evil"}, {"label": "nothate", "text": "cats are evil."},  # two labels
+            {"label": "hate", "text": "Dev entry"}, {"label": "nothate", "text": "Other"}]
+    splits, dropped = convert.split_dynahate(rows, {"test": official, "dev": {"dev entry": "hate",
+                                                                               "other": "hate"}})
+    assert [(r["text"], r["official"]) for r in splits["test"]] == [("Women are inferior!", "test"),
+                                                                   ("I'm not a fan of rain.", "test")]
+    assert [(r["text"], r["official"]) for r in splits["train"]] == [("Dev entry", "dev")]
+    assert dropped == {"duplicate": 2, "two labels": 1, "label differs from the release's dev split": 1}
+
+
+def test_the_dynahate_experiment_is_the_shipped_recipe_plus_dynahate():
+    config = TrainConfig.from_file(PLUGIN / "train_dynahate_experiment.yaml").model_dump()
+    shipped = TrainConfig.from_file(CONFIG).model_dump()
+    assert [s for s in config["data"] if s["group"] != "DynaHate"] == shipped["data"]
+    (dyna,) = [s for s in config["data"] if s["group"] == "DynaHate"]
+    assert dyna["path"] == "toxicity/dynahate/train.csv" and "MIT" in dyna["licence"]
+    assert config["eval"][:len(shipped["eval"])] == shipped["eval"]
+    assert [s["name"] for s in config["eval"][len(shipped["eval"]):]] == [
+        "DynaHate test", "CAD test", "GHC test", "SBIC dev", "SBIC test", "Implicit Hate test"]
+    assert {k for k in shipped if shipped[k] != config[k]} <= {"output_dir", "checkpoint_dir", "card", "data", "eval",
+                                                               "intended_use", "limitations"}
+    assert "steerkit_toxicity" not in str(config["output_dir"])
+
+
+DYNAHATE_FILES = [DATA / "toxicity" / "dynahate" / f"{split}.csv" for split in ("train", "test")]
+
+
+@pytest.mark.skipif(not all(p.is_file() for p in DYNAHATE_FILES),
+                    reason=f"the DynaHate files are not under {DATA / 'toxicity'} (convert_hate_sources.py "
+                           "--dynahate-splits --dynahate writes them; set STEERKIT_DATA_ROOT to that data root)")
+def test_the_dynahate_files_read_with_the_documented_counts_and_miss_the_held_out_texts():
+    config = TrainConfig.from_file(PLUGIN / "train_dynahate_experiment.yaml", overrides={"data_root": str(DATA)})
+    dataset = config.read_dataset()
+    assert {st.name: st.used for st in dataset.stats}["DynaHate"] == 34126
+    held = {s.display_name: ex for s, ex, _ in dataset.eval_sets}
+    assert len(held["DynaHate test"]) == 2145 and sum(e.label for e in held["DynaHate test"]) == 1270
+    trained = {normalise(e.text) for e in dataset.train + dataset.dev
+               if dataset.sources[e.source].metrics_name == "DynaHate"}
+    for name in ("functional cases", "DynaHate test"):
+        assert not trained & {normalise(e.text) for e in held[name]}, name
+    assert len(trained) > 30000
+
+
 # -- the CONAN experiment (plugins/steerkit-toxicity/data/convert_counter_speech.py; not shipped: research-only licence)
 
 @pytest.fixture(scope="module")
