@@ -443,6 +443,20 @@ def test_the_dynahate_experiment_is_the_shipped_recipe_plus_dynahate():
     assert "steerkit_toxicity" not in str(config["output_dir"])
 
 
+def test_the_token_dynahate_experiment_is_the_shipped_token_recipe_plus_dynahate():
+    config = TrainConfig.from_file(PLUGIN / "train_token_dynahate_experiment.yaml").model_dump()
+    shipped = TrainConfig.from_file(PLUGIN / "train_token.yaml").model_dump()
+    sequence = TrainConfig.from_file(PLUGIN / "train_dynahate_experiment.yaml").model_dump()
+    assert config["data"][:-1] == shipped["data"]
+    assert config["data"][-1] == next(s for s in sequence["data"] if s["group"] == "DynaHate")
+    assert config["eval"][:len(shipped["eval"])] == shipped["eval"]
+    assert {s["name"] for s in config["eval"][len(shipped["eval"]):]} == {
+        "DynaHate test", "EDOS test", "SBIC dev", "SBIC test", "Implicit Hate test"}
+    assert {k for k in shipped if shipped[k] != config[k]} <= {"output_dir", "checkpoint_dir", "card", "data", "eval",
+                                                               "intended_use", "limitations"}
+    assert "steerkit_toxicity" not in str(config["output_dir"])
+
+
 DYNAHATE_FILES = [DATA / "toxicity" / "dynahate" / f"{split}.csv" for split in ("train", "test")]
 
 
