@@ -443,6 +443,22 @@ def test_the_dynahate_experiment_is_the_shipped_recipe_plus_dynahate():
     assert "steerkit_toxicity" not in str(config["output_dir"])
 
 
+@pytest.mark.parametrize("name", ["train_dynahate_w025_experiment.yaml", "train_dynahate_civil_experiment.yaml"])
+def test_the_dynahate_explorations_change_only_dynahate_rows(name):
+    config = TrainConfig.from_file(PLUGIN / name).model_dump()
+    base = TrainConfig.from_file(PLUGIN / "train_dynahate_experiment.yaml").model_dump()
+    assert {k for k in base if base[k] != config[k]} == {"output_dir", "checkpoint_dir", "card", "data"}
+    assert [s for s in config["data"] if s["group"] != "DynaHate"] == [
+        s for s in base["data"] if s["group"] != "DynaHate"]
+    dyna = {s["name"]: s for s in config["data"] if s["group"] == "DynaHate"}
+    if "civil" in name:  # the profane "not hate" entries are skipped, the two classes about even an epoch
+        assert dyna["DynaHate (hate)"]["transform"]["map"] == {"hate": 1}
+        assert dyna["DynaHate (not hate)"]["transform"]["map"] == {"nothate": 0}
+        assert dyna["DynaHate (hate)"]["weight"] == 0.25 and dyna["DynaHate (not hate)"]["weight"] == 0.5
+    else:
+        assert dyna["DynaHate"]["weight"] == 0.25
+
+
 def test_the_token_dynahate_experiment_is_the_shipped_token_recipe_plus_dynahate():
     config = TrainConfig.from_file(PLUGIN / "train_token_dynahate_experiment.yaml").model_dump()
     shipped = TrainConfig.from_file(PLUGIN / "train_token.yaml").model_dump()
@@ -467,6 +483,9 @@ def test_the_dynahate_files_read_with_the_documented_counts_and_miss_the_held_ou
     config = TrainConfig.from_file(PLUGIN / "train_dynahate_experiment.yaml", overrides={"data_root": str(DATA)})
     dataset = config.read_dataset()
     assert {st.name: st.used for st in dataset.stats}["DynaHate"] == 34126
+    civil = TrainConfig.from_file(PLUGIN / "train_dynahate_civil_experiment.yaml", overrides={"data_root": str(DATA)})
+    used = {st.name: st.used for st in civil.read_dataset().stats}
+    assert (used["DynaHate (hate)"], used["DynaHate (not hate)"]) == (18436, 9191)  # 6,499 profane skipped
     held = {s.display_name: ex for s, ex, _ in dataset.eval_sets}
     assert len(held["DynaHate test"]) == 2145 and sum(e.label for e in held["DynaHate test"]) == 1270
     trained = {normalise(e.text) for e in dataset.train + dataset.dev

@@ -62,6 +62,15 @@ It writes
   ``hate`` for an assault on human dignity or a call for violence, ``vulgar`` for vulgarity alone, else ``none``
   (``none, profane`` in ``train.csv`` where alt-profanity-check scores 0.5 or more); training posts whose text is
   in test are dropped. Neither copy states a licence of its own.
+* ``dynahate/{train,test}.csv``: DynaHate (Vidgen et al. 2021, "Learning from the Worst"; MIT per its author in
+  bvidgen/Dynamically-Generated-Hate-Speech-Dataset's issue #1): statements written by trained annotators over four
+  rounds to fool a hate classifier, with contrast perturbations. The release's one CSV is over the fetch limit; the
+  copy read is ecanbazer/DynBERT's ``data/{Train,Test}{,_label}.csv`` (36,559 entries, text and 0/1 label only, not
+  the release's split, MIT). ``test.csv`` is every entry whose text (by `key`) is in the release's test split, as
+  aflah02/The-Art-of-Embedding-Fusion-Optimizing-Hate-Speech-Detection preprocessed it (``--dynahate-splits``
+  writes those keys to ``official_splits.csv`` first); the rest is ``train.csv``. ``label,official,text``: ``hate`` /
+  ``nothate`` (``nothate, profane`` in ``train.csv`` where alt-profanity-check scores 0.5 or more: DynaHate's
+  "not hate" includes insults and swearing that are not hate), ``official`` the release's split where known.
 
 The LICENSE files of the repositories are copied next to the data (CDLA-Permissive-2.0 asks that its text
 travel with shared data; CC BY-SA asks for the licence notice). Stdlib only, but for EDOS's profanity flag;
@@ -570,6 +579,9 @@ def write_dynahate(repo: Path, out_root: Path) -> None:
     rows = [r for part in ("Train", "Test")
             for r in read_dynahate(_show(repo, commit, f"data/{part}.csv"), _show(repo, commit, f"data/{part}_label.csv"))]
     splits, dropped = split_dynahate(rows, official)
+    flagged = relabel_profane(splits["train"], profanity_score(), "nothate", "nothate, profane")
+    print(f"DynaHate train: {flagged} 'nothate' entries relabelled 'nothate, profane' (alt-profanity-check >= "
+          f"{PROFANE_AT})")
     _write_splits(out, splits, ["label", "official", "text"], "DynaHate", commit, unit="entries")
     _copy_blob(repo, commit, "LICENSE", out / "LICENSE.DynBERT")
     found = Counter(r["official"] for part in splits.values() for r in part)
