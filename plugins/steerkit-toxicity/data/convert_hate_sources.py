@@ -557,9 +557,10 @@ def write_ghc(repo: Path, out_root: Path) -> None:
 
 def write_dynahate_splits(repo: Path, out_root: Path) -> None:
     commit = _resolve(repo, DYNAHATE_SPLITS_COMMIT)
-    rows = [{"split": split, "key": k, "label": label}
-            for split, name in (("dev", "Val"), ("test", "Test"))
-            for k, label in read_dynahate_split(_show(repo, commit, f"{DYNAHATE_SPLITS_DIR}/DynaHate_{name}.txt")).items()]
+    rows = []
+    for split, name in (("dev", "Val"), ("test", "Test")):
+        keys = read_dynahate_split(_show(repo, commit, f"{DYNAHATE_SPLITS_DIR}/DynaHate_{name}.txt"))
+        rows += [{"split": split, "key": k, "label": label} for k, label in keys.items()]
     out = out_root / "dynahate" / "official_splits.csv"
     _write_csv(out, rows, ["split", "key", "label"])
     print(f"DynaHate official splits @{commit[:7]}: {dict(Counter(r['split'] for r in rows))} distinct keys -> {out}")
@@ -576,8 +577,8 @@ def write_dynahate(repo: Path, out_root: Path) -> None:
     with keys.open(encoding="utf-8", newline="") as handle:
         for record in csv.DictReader(handle):
             official[record["split"]][record["key"]] = record["label"]
-    rows = [r for part in ("Train", "Test")
-            for r in read_dynahate(_show(repo, commit, f"data/{part}.csv"), _show(repo, commit, f"data/{part}_label.csv"))]
+    rows = [r for part in ("Train", "Test") for r in read_dynahate(_show(repo, commit, f"data/{part}.csv"),
+                                                                    _show(repo, commit, f"data/{part}_label.csv"))]
     splits, dropped = split_dynahate(rows, official)
     flagged = relabel_profane(splits["train"], profanity_score(), "nothate", "nothate, profane")
     print(f"DynaHate train: {flagged} 'nothate' entries relabelled 'nothate, profane' (alt-profanity-check >= "
