@@ -74,8 +74,7 @@ def main() -> None:
     from steerkit.threads import set_threads
     from steerkit_toxicity import MODEL_DIR as shipped
 
-    set_threads(1)
-    torch.set_num_threads(1)
+    set_threads(1)  # torch is imported: it sets torch's threads too
     load_before = os.getloadavg()
     q4 = resolve(bench_cpu.LM).location
     tokenizer = load_tokenizer(bench_cpu.LM)

@@ -38,6 +38,13 @@ requires_hate_data = pytest.mark.skipif(
            "convert_counter_speech.py --reddit write them)")
 
 
+def requires_converted(files: list[Path], what: str, flags: str):
+    """Skip unless ``files`` (converted by convert_hate_sources.py ``flags``) are all under the data root."""
+    return pytest.mark.skipif(not all(p.is_file() for p in files),
+                              reason=f"the {what} files are not under {DATA / 'toxicity'} (convert_hate_sources.py "
+                                     f"{flags} writes them; set STEERKIT_DATA_ROOT to that data root)")
+
+
 def data_script(name: str):
     """A conversion script of plugins/steerkit-toxicity/data/ (scripts, not a package), imported."""
     spec = importlib.util.spec_from_file_location(name, PLUGIN / "data" / f"{name}.py")
@@ -268,9 +275,7 @@ IMPLICIT_FILES = [DATA / "toxicity" / "implicit_hate" / "train.csv", DATA / "tox
 
 
 @requires_hate_data
-@pytest.mark.skipif(not all(p.is_file() for p in IMPLICIT_FILES),
-                    reason=f"the Implicit Hate and SBIC files are not under {DATA / 'toxicity'} (convert_hate_sources.py "
-                           "--implicit-hate --sbic writes them; set STEERKIT_DATA_ROOT to that data root)")
+@requires_converted(IMPLICIT_FILES, "Implicit Hate and SBIC", "--implicit-hate --sbic")
 def test_the_implicit_hate_files_read_with_the_documented_counts_and_miss_the_functional_cases():
     config = TrainConfig.from_file(PLUGIN / "train_implicit_hate_experiment.yaml", overrides={"data_root": str(DATA)})
     dataset = config.read_dataset()
@@ -380,10 +385,8 @@ CAD_FILES = [*(DATA / "toxicity" / "cad" / f"{split}.csv" for split in ("train",
 
 
 @requires_hate_data
-@pytest.mark.skipif(not all(p.is_file() for p in [*IMPLICIT_FILES, *CAD_FILES]),
-                    reason=f"the CAD, Gab Hate Corpus, SBIC and Implicit Hate files are not under {DATA / 'toxicity'} "
-                           "(convert_hate_sources.py --cad --ghc --sbic --sbic-test --implicit-hate writes them; set "
-                           "STEERKIT_DATA_ROOT to that data root)")
+@requires_converted([*IMPLICIT_FILES, *CAD_FILES], "CAD, Gab Hate Corpus, SBIC and Implicit Hate",
+                    "--cad --ghc --sbic --sbic-test --implicit-hate")
 def test_the_cad_and_gab_files_read_with_the_documented_counts_and_miss_the_held_out_texts():
     config = TrainConfig.from_file(PLUGIN / "train_cad_ghc_experiment.yaml", overrides={"data_root": str(DATA)})
     dataset = config.read_dataset()
@@ -476,9 +479,9 @@ def test_the_token_dynahate_experiment_is_the_shipped_token_recipe_plus_dynahate
 DYNAHATE_FILES = [DATA / "toxicity" / "dynahate" / f"{split}.csv" for split in ("train", "test")]
 
 
-@pytest.mark.skipif(not all(p.is_file() for p in DYNAHATE_FILES),
-                    reason=f"the DynaHate files are not under {DATA / 'toxicity'} (convert_hate_sources.py "
-                           "--dynahate-splits --dynahate writes them; set STEERKIT_DATA_ROOT to that data root)")
+@requires_hate_data  # the config reads train.yaml's sources and the newer held-out sets too
+@requires_converted([*IMPLICIT_FILES, *CAD_FILES, *DYNAHATE_FILES], "DynaHate, CAD, Gab Hate Corpus, SBIC and "
+                    "Implicit Hate", "--dynahate-splits --dynahate --cad --ghc --sbic --sbic-test --implicit-hate")
 def test_the_dynahate_files_read_with_the_documented_counts_and_miss_the_held_out_texts():
     config = TrainConfig.from_file(PLUGIN / "train_dynahate_experiment.yaml", overrides={"data_root": str(DATA)})
     dataset = config.read_dataset()
