@@ -84,6 +84,7 @@ import ast
 import csv
 import hashlib
 import io
+import json
 import re
 import subprocess
 import sys
@@ -125,6 +126,16 @@ DYNAHATE_COMMIT = "494d0d3930649aaba876a5328c329ed051e17912"
 DYNAHATE_SPLITS_COMMIT = "0152ce7954cfa7fafee2cc46812756134fffda93"
 DYNAHATE_SPLITS_DIR = "Data_Preprocessing/PreProcessed_Data/DynaHate"
 DYNAHATE_LABELS = {"1": "hate", "0": "nothate"}
+#: ToxiGen's human-annotated training split (HF toxigen/toxigen-data, config "annotated", split "train": 8,960
+#: machine-written statements about 13 groups, each rated 1-5 by three annotators): modesta-jihye-lee/toxigen_nlp
+#: keeps its 13 columns (row order lost) in two files that together hold every row once
+TOXIGEN_ANNOTATED_COMMIT = "b1f601ca268ef5a4953013c23d6ffa9f18dd5459"
+TOXIGEN_ANNOTATED_FILES = ("data/exp_dataset.jsonl", "data/unexp_dataset.jsonl")
+TOXIGEN_ANNOTATED_ROWS = 8960
+#: microsoft/SafeNLP's ``data/toxiGen.json``: ToxiGen's annotated posts on which the annotators agreed, some from the
+#: annotated test split; the entries whose text is not in the training split are the held-out test used here
+SAFENLP_COMMIT = "e351b6cb892284cf843b88e363b1a6dbaded584e"
+SAFENLP_TOXIGEN = "data/toxiGen.json"
 #: A training row that alt-profanity-check scores at least this is relabelled as profane (see the module docstring).
 PROFANE_AT = 0.5
 
@@ -383,6 +394,50 @@ def read_dynahate_split(tsv: str) -> dict[str, str]:
     return out
 
 
+def toxigen_text(text: str) -> str:
+    """A ToxiGen generation's text: upstream keeps the ``\\n- `` of the prompt's list format (escaped) where the
+    model ran on into another statement; those become spaces."""
+    return " ".join(text.replace("\\n", " ").split())
+
+
+def read_toxigen_annotated(jsonl_files: list[str]) -> tuple[list[dict], int]:
+    """Rows ``{label, toxicity_human, target_group, text}`` of ToxiGen's annotated split (JSON lines with upstream's
+    columns): ``label`` is the annotators' mean rating mapped from 1-5 onto 0-1, ``(toxicity_human - 1) / 4``
+    (a soft label, as RTP's). One row per text (by `key`: the first kept); raises on a rating outside 1-5.
+    Returns the rows and the number of records read."""
+    rows, seen, read = [], set(), 0
+    for content in jsonl_files:
+        for line, record in enumerate((json.loads(x) for x in content.split("\n") if x.strip()), start=1):
+            read += 1
+            rating = float(record["toxicity_human"])
+            if not 1.0 <= rating <= 5.0:
+                raise ValueError(f"ToxiGen annotated line {line}: toxicity_human {rating}")
+            text = toxigen_text(record["text"])
+            if not (k := key(text)) or k in seen:
+                continue
+            seen.add(k)
+            rows.append({"label": f"{(rating - 1) / 4:.4f}", "toxicity_human": f"{rating:.2f}",
+                         "target_group": record["target_group"], "text": text})
+    return rows, read
+
+
+def safenlp_toxigen_test(items: list[dict], train: list[dict]) -> list[dict]:
+    """SafeNLP's ToxiGen entries (``text, toxicity_score, label, target_groups``) whose text is not in ``train``, as
+    rows ``{label, toxicity_human, target_group, text}`` (``label`` upstream's ``hate`` / ``neutral``)."""
+    trained = {key(r["text"]) for r in train}
+    rows, seen = [], set()
+    for item in items:
+        text = toxigen_text(item["text"])
+        if not (k := key(text)) or k in trained or k in seen:
+            continue
+        seen.add(k)
+        if item["label"] not in ("hate", "neutral"):
+            raise ValueError(f"SafeNLP ToxiGen {item.get('id')}: label {item['label']!r}")
+        rows.append({"label": item["label"], "toxicity_human": f"{float(item['toxicity_score']):.2f}",
+                     "target_group": ",".join(item["target_groups"]), "text": text})
+    return rows
+
+
 def drop_held_out_texts(train: list[dict], *held: list[dict]) -> int:
     """Remove, in place, the training rows whose text (by `key`) is in a held-out split; returns how many."""
     keys = {key(r["text"]) for rows in held for r in rows}
@@ -590,6 +645,33 @@ def write_dynahate(repo: Path, out_root: Path) -> None:
           f"dev {found['dev']} of {len(official['dev'])}, test {found['test']} of {len(official['test'])} -> {out}")
 
 
+def write_toxigen_annotated(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, TOXIGEN_ANNOTATED_COMMIT)
+    rows, read = read_toxigen_annotated([_show(repo, commit, path) for path in TOXIGEN_ANNOTATED_FILES])
+    if read != TOXIGEN_ANNOTATED_ROWS:
+        raise SystemExit(f"ToxiGen annotated @{commit[:7]}: {read} records, expected {TOXIGEN_ANNOTATED_ROWS} (the "
+                         "annotated training split)")
+    out = out_root / "toxigen_annotated"
+    _write_csv(out / "train.csv", rows, ["label", "toxicity_human", "target_group", "text"])
+    print(f"ToxiGen annotated @{commit[:7]} train: {read} records, {len(rows)} distinct statements, "
+          f"{sum(float(r['label']) >= 0.5 for r in rows)} rated 3 or more -> {out / 'train.csv'}")
+
+
+def write_toxigen_annotated_test(repo: Path, out_root: Path) -> None:
+    commit = _resolve(repo, SAFENLP_COMMIT)
+    train_csv = out_root / "toxigen_annotated" / "train.csv"
+    if not train_csv.is_file():
+        raise SystemExit(f"{train_csv} is missing: give --toxigen-annotated (modesta-jihye-lee/toxigen_nlp) too, "
+                         "or run it first")
+    with train_csv.open(encoding="utf-8", newline="") as handle:
+        train = list(csv.DictReader(handle))
+    out = out_root / "toxigen_annotated"
+    rows = safenlp_toxigen_test(json.loads(_show(repo, commit, SAFENLP_TOXIGEN)), train)
+    _write_splits(out, {"test": rows}, ["label", "toxicity_human", "target_group", "text"], "ToxiGen annotated "
+                  "(SafeNLP, not in train)", commit, unit="statements")
+    _copy_blob(repo, commit, "data/TOXIGEN LICENSE", out / "LICENSE.ToxiGen")
+
+
 def run(description: str, sources: dict[str, tuple[str, Callable[[Path, Path], None]]],
         argv: list[str] | None = None) -> int:
     """The command line of a conversion script: ``--NAME GIT_DIR`` for each source (``{NAME: (help, write)}``, at
@@ -627,7 +709,14 @@ def main(argv: list[str] | None = None) -> int:
                                                                "Optimizing-Hate-Speech-Detection (DynaHate's official "
                                                                "dev and test splits)", write_dynahate_splits),
                                            "dynahate": ("git directory of ecanbazer/DynBERT (DynaHate's text; needs "
-                                                        "--dynahate-splits)", write_dynahate)}, argv)
+                                                        "--dynahate-splits)", write_dynahate),
+                                           "toxigen-annotated": ("git directory of modesta-jihye-lee/toxigen_nlp "
+                                                                 "(ToxiGen's annotated training split)",
+                                                                 write_toxigen_annotated),
+                                           "toxigen-annotated-test": ("git directory of microsoft/SafeNLP (ToxiGen "
+                                                                      "entries outside the annotated training split; "
+                                                                      "needs --toxigen-annotated)",
+                                                                      write_toxigen_annotated_test)}, argv)
 
 
 if __name__ == "__main__":
