@@ -498,6 +498,78 @@ def test_the_dynahate_files_read_with_the_documented_counts_and_miss_the_held_ou
     assert len(trained) > 30000
 
 
+# -- ToxiGen's annotated statements (convert_hate_sources.py --toxigen-annotated --toxigen-annotated-test;
+#    train_toxigen_annotated_seed{0,1}_experiment.yaml)
+
+def test_toxigen_annotated_ratings_become_soft_labels_once_a_text(convert):
+    lines = [{"text": "Muslims deserve to die", "toxicity_human": 5.0, "target_group": "muslim"},
+             {"text": "they have a rich culture\\n- many of them", "toxicity_human": 1.0 + 1 / 3,
+              "target_group": "asian"},
+             {"text": "muslims deserve to die!", "toxicity_human": 4.0, "target_group": "muslim"}]  # same words
+    rows, read = convert.read_toxigen_annotated(["\n".join(json.dumps(x) for x in lines[:2]) + "\n",
+                                                 json.dumps(lines[2])])
+    assert read == 3
+    assert rows == [{"label": "1.0000", "toxicity_human": "5.00", "target_group": "muslim",
+                     "text": "Muslims deserve to die"},
+                    {"label": "0.0833", "toxicity_human": "1.33", "target_group": "asian",
+                     "text": "they have a rich culture - many of them"}]
+    with pytest.raises(ValueError, match="toxicity_human 0.0"):
+        convert.read_toxigen_annotated([json.dumps({**lines[0], "toxicity_human": 0})])
+
+
+def test_the_safenlp_toxigen_test_keeps_only_texts_outside_the_training_split(convert):
+    train = [{"text": "Muslims deserve to die"}]
+    items = [{"id": 0, "text": "muslims deserve to DIE", "toxicity_score": 5.0, "label": "hate",
+              "target_groups": ["muslim"]},
+             {"id": 1, "text": "Jewish families gathered", "toxicity_score": 1.0, "label": "neutral",
+              "target_groups": ["jewish"]},
+             {"id": 2, "text": "jewish families gathered.", "toxicity_score": 1.0, "label": "neutral",
+              "target_groups": ["jewish"]}]
+    assert convert.safenlp_toxigen_test(items, train) == [
+        {"label": "neutral", "toxicity_human": "1.00", "target_group": "jewish", "text": "Jewish families gathered"}]
+    with pytest.raises(ValueError, match="label 'maybe'"):
+        convert.safenlp_toxigen_test([{**items[1], "label": "maybe"}], train)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_toxigen_annotated_experiments_are_the_dynahate_stance_recipe_plus_toxigen(seed):
+    config = TrainConfig.from_file(PLUGIN / f"train_toxigen_annotated_seed{seed}_experiment.yaml").model_dump()
+    stance = TrainConfig.from_file(PLUGIN / "train_dynahate_stance_experiment.yaml").model_dump()
+    base = TrainConfig.from_file(PLUGIN / "train_dynahate_experiment.yaml").model_dump()
+    assert config["data"][:-1] == stance["data"] and config["augment"] == stance["augment"]
+    toxigen = config["data"][-1]
+    assert (toxigen["path"], toxigen["label"], toxigen["weight"]) == ("toxicity/toxigen_annotated/train.csv", "label",
+                                                                       1.0)
+    assert "CDLA-Permissive-2.0" in toxigen["licence"]
+    assert config["eval"][:-1] == base["eval"] and config["eval"][-1]["name"] == "ToxiGen annotated test"
+    assert {k for k in stance if stance[k] != config[k]} == {"output_dir", "checkpoint_dir", "card", "data", "eval",
+                                                             "seed"} - ({"seed"} if seed == 0 else set())
+    assert config["seed"] == seed and f"seed{seed}" in config["output_dir"]
+    assert "steerkit_toxicity" not in str(config["output_dir"])
+
+
+TOXIGEN_ANNOTATED_FILES = [DATA / "toxicity" / "toxigen_annotated" / f"{split}.csv" for split in ("train", "test")]
+
+
+@requires_hate_data  # the config reads train.yaml's sources, DynaHate and the newer held-out sets too
+@requires_converted([*IMPLICIT_FILES, *CAD_FILES, *DYNAHATE_FILES, *TOXIGEN_ANNOTATED_FILES], "ToxiGen annotated, "
+                    "DynaHate, CAD, Gab Hate Corpus, SBIC and Implicit Hate", "--toxigen-annotated "
+                    "--toxigen-annotated-test --dynahate-splits --dynahate --cad --ghc --sbic --sbic-test "
+                    "--implicit-hate")
+def test_the_toxigen_annotated_files_read_with_the_documented_counts_and_miss_the_held_out_texts():
+    config = TrainConfig.from_file(PLUGIN / "train_toxigen_annotated_seed0_experiment.yaml",
+                                   overrides={"data_root": str(DATA)})
+    dataset = config.read_dataset()
+    used = {st.name: st.used for st in dataset.stats}
+    assert used["ToxiGen annotated"] == 8940 and used["DynaHate"] == 34126
+    held = {s.display_name: ex for s, ex, _ in dataset.eval_sets}
+    assert len(held["ToxiGen annotated test"]) == 598 and sum(e.label for e in held["ToxiGen annotated test"]) == 292
+    trained = [e for e in dataset.train + dataset.dev if dataset.sources[e.source].metrics_name == "ToxiGen annotated"]
+    assert all(0.0 <= e.label <= 1.0 for e in trained) and len({e.label for e in trained}) == 13  # 13 mean ratings
+    texts = {normalise(e.text) for e in trained}
+    for name in ("functional cases", "ToxiGen annotated test"):
+        assert not texts & {normalise(e.text) for e in held[name]}, name
+
 # -- the CONAN experiment (plugins/steerkit-toxicity/data/convert_counter_speech.py; not shipped: research-only licence)
 
 @pytest.fixture(scope="module")

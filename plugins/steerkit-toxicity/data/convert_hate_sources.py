@@ -8,7 +8,9 @@ needed: every file is read with ``git show COMMIT:PATH`` at the pinned commit):
         --edos /path/to/rewire-online+edos/repo --implicit-hate /path/to/Steven-Herrera+GenAI-vs-Human-Hate/repo \
         --sbic /path/to/Jimaras08+mlops-lab-example-yelp/repo --sbic-test /path/to/shallinan1+MarcoDetoxification/repo \
         --cad /path/to/NoamElul+cis-5300-final/repo --ghc /path/to/liuchaoqun+hate-speech-datasets/repo \
-        --out ../shared/data/toxicity
+        --dynahate-splits /path/to/aflah02+The-Art-of-Embedding-Fusion-Optimizing-Hate-Speech-Detection/repo \
+        --dynahate /path/to/ecanbazer+DynBERT/repo --toxigen-annotated /path/to/modesta-jihye-lee+toxigen_nlp/repo \
+        --toxigen-annotated-test /path/to/microsoft+SafeNLP/repo --out ../shared/data/toxicity
 
 It writes
 
@@ -71,6 +73,15 @@ It writes
   writes those keys to ``official_splits.csv`` first); the rest is ``train.csv``. ``label,official,text``: ``hate`` /
   ``nothate`` (``nothate, profane`` in ``train.csv`` where alt-profanity-check scores 0.5 or more: DynaHate's
   "not hate" includes insults and swearing that are not hate), ``official`` the release's split where known.
+* ``toxigen_annotated/{train,test}.csv``: ToxiGen's human-annotated statements (Hartvigsen et al. 2022; MIT and
+  CDLA-Permissive-2.0, the licence file microsoft/SafeNLP ships with them): machine-written statements about 13
+  groups, benign and hateful, each rated 1-5 by three annotators. ``train.csv`` is the annotated training split
+  (8,960 records; HF toxigen/toxigen-data, config "annotated"), from modesta-jihye-lee/toxigen_nlp's two JSON-lines
+  files (upstream's columns, row order lost, no licence of its own): ``label,toxicity_human,target_group,text`` with
+  ``label`` the mean rating on 0-1, ``(toxicity_human - 1) / 4``, one row per text (by `key`: 8,940). ``test.csv``
+  (``--toxigen-annotated-test``) is what microsoft/SafeNLP's ``data/toxiGen.json`` (the annotated posts on which the
+  annotators agreed) holds outside that training split: 598 statements, most of them from the annotated test split
+  (whose own copy was not found), ``label`` SafeNLP's ``hate`` (mean rating over 3) / ``neutral``.
 
 The LICENSE files of the repositories are copied next to the data (CDLA-Permissive-2.0 asks that its text
 travel with shared data; CC BY-SA asks for the licence notice). Stdlib only, but for EDOS's profanity flag;
