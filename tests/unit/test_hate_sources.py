@@ -548,6 +548,18 @@ def test_the_toxigen_annotated_experiments_are_the_dynahate_stance_recipe_plus_t
     assert "steerkit_toxicity" not in str(config["output_dir"])
 
 
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_rtp_variants_raise_only_the_two_rtp_weights_by_half(seed):
+    config = TrainConfig.from_file(PLUGIN / f"train_toxigen_annotated_rtp_seed{seed}_experiment.yaml").model_dump()
+    base = TrainConfig.from_file(PLUGIN / f"train_toxigen_annotated_seed{seed}_experiment.yaml").model_dump()
+    assert {k for k in base if base[k] != config[k]} == {"output_dir", "checkpoint_dir", "card", "data"}
+    changed = [(a["name"], b["weight"], a["weight"]) for a, b in zip(config["data"], base["data"], strict=True)
+               if a != b]
+    assert changed == [("RTP continuations", 1.0, 1.5), ("RTP prompts", 0.5, 0.75)]
+    assert [{**a, "weight": 0} for a in config["data"]] == [{**b, "weight": 0} for b in base["data"]]
+    assert f"rtp-seed{seed}" in config["output_dir"]
+
 TOXIGEN_ANNOTATED_FILES = [DATA / "toxicity" / "toxigen_annotated" / f"{split}.csv" for split in ("train", "test")]
 
 
