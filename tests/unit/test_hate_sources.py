@@ -513,8 +513,9 @@ def test_toxigen_annotated_ratings_become_soft_labels_once_a_text(convert):
                      "text": "Muslims deserve to die"},
                     {"label": "0.0833", "toxicity_human": "1.33", "target_group": "asian",
                      "text": "they have a rich culture - many of them"}]
-    with pytest.raises(ValueError, match="toxicity_human 0.0"):
-        convert.read_toxigen_annotated([json.dumps({**lines[0], "toxicity_human": 0})])
+    with pytest.raises(ValueError, match="file 2, line 3: toxicity_human 0.0"):
+        convert.read_toxigen_annotated(["", "\n".join([json.dumps(lines[0]), "",
+                                                          json.dumps({**lines[0], "toxicity_human": 0})])])
 
 
 def test_the_safenlp_toxigen_test_keeps_only_texts_outside_the_training_split(convert):

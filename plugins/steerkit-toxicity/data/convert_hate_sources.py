@@ -417,12 +417,15 @@ def read_toxigen_annotated(jsonl_files: list[str]) -> tuple[list[dict], int]:
     (a soft label, as RTP's). One row per text (by `key`: the first kept); raises on a rating outside 1-5.
     Returns the rows and the number of records read."""
     rows, seen, read = [], set(), 0
-    for content in jsonl_files:
-        for line, record in enumerate((json.loads(x) for x in content.split("\n") if x.strip()), start=1):
+    for number, content in enumerate(jsonl_files, start=1):
+        for line, raw in enumerate(content.split("\n"), start=1):
+            if not raw.strip():
+                continue
+            record = json.loads(raw)
             read += 1
             rating = float(record["toxicity_human"])
             if not 1.0 <= rating <= 5.0:
-                raise ValueError(f"ToxiGen annotated line {line}: toxicity_human {rating}")
+                raise ValueError(f"ToxiGen annotated file {number}, line {line}: toxicity_human {rating}")
             text = toxigen_text(record["text"])
             if not (k := key(text)) or k in seen:
                 continue
