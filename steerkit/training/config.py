@@ -36,6 +36,9 @@ INCLUDES = (("data_from", DATA_KEYS), ("eval_from", ("eval",)))
 #: ``data_extra`` / ``eval_extra``: sources appended to ``data`` / ``eval`` after the includes (an included recipe
 #: plus a source or two, without copying its list)
 EXTRAS = ("data", "eval")
+#: ``data_weights: {NAME: WEIGHT}``: the weight of included (or listed) data sources by name, set after the includes
+#: and extras (a recipe with one source re-weighted, without a copy of its data list)
+WEIGHTS = "data_weights"
 _PATH_FIELDS = ("data_root", "output_dir", "checkpoint_dir", "card", "cross_source")
 
 
@@ -203,7 +206,7 @@ class TrainConfig(ValidatedConfig):
 def _with_includes(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """The raw config of ``path`` with its includes resolved: the sections ``data_from`` / ``eval_from`` name taken
     from those configs (in this directory; themselves resolved the same way, so one may extend another), the file's
-    own keys winning, then its ``data_extra`` / ``eval_extra`` appended."""
+    own keys winning, then its ``data_extra`` / ``eval_extra`` appended, then its ``data_weights`` set."""
     resolved = path.resolve()
     if resolved in seen:
         raise ConfigError(f"{path}: data_from / eval_from form a cycle: "
@@ -216,10 +219,24 @@ def _with_includes(path: Path, seen: tuple[Path, ...] = ()) -> dict:
             other = _with_includes(resolved.parent / include, (*seen, resolved))
             shared.update({k: other[k] for k in sections if k in other})
     extras = {key: data.pop(f"{key}_extra", None) for key in EXTRAS}
+    weights = data.pop(WEIGHTS, None)
     data = {**shared, **data}
     for key, extra in extras.items():
         if extra is not None:
             if not isinstance(extra, list):
                 raise ConfigError(f"{path}: {key}_extra must be a list of sources, like {key}.")
             data[key] = list(data.get(key) or []) + extra
+    if weights is not None:
+        data["data"] = _reweighted(path, list(data.get("data") or []), weights)
     return data
+
+
+def _reweighted(path: Path, sources: list, weights) -> list:
+    """``sources`` with ``weights`` ({source name: weight}) set; a name no source has is a ConfigError."""
+    if not isinstance(weights, dict):
+        raise ConfigError(f"{path}: {WEIGHTS} must map source names to weights, e.g. {{RTP continuations: 1.5}}.")
+    names = [s.get("name") for s in sources if isinstance(s, dict)]
+    if unknown := [n for n in weights if n not in names]:
+        raise ConfigError(f"{path}: {WEIGHTS} names {unknown}, which no data source has; the sources are {names}.")
+    return [{**s, "weight": weights[s["name"]]} if isinstance(s, dict) and s.get("name") in weights else s
+            for s in sources]

@@ -53,6 +53,27 @@ def data_script(name: str):
     return module
 
 
+def read_with_data(config_name: str):
+    """The dataset of a config of the plugin, read from the data root (its sources and held-out sets)."""
+    return TrainConfig.from_file(PLUGIN / config_name, overrides={"data_root": str(DATA)}).read_dataset()
+
+
+def held_sets(dataset) -> dict:
+    """Held-out set name -> its examples."""
+    return {s.display_name: ex for s, ex, _ in dataset.eval_sets}
+
+
+def trained_examples(dataset, *groups: str) -> list:
+    """The training and dev examples of the sources with these metrics names."""
+    return [e for e in dataset.train + dataset.dev if dataset.sources[e.source].metrics_name in groups]
+
+
+def assert_shares_no_text(trained: set[str], held: dict, names) -> None:
+    """No normalised text of ``trained`` is in any of the held-out sets ``names``."""
+    for name in names:
+        assert not trained & {normalise(e.text) for e in held[name]}, name
+
+
 @pytest.fixture(scope="module")
 def convert():
     return data_script("convert_hate_sources")
@@ -277,18 +298,16 @@ IMPLICIT_FILES = [DATA / "toxicity" / "implicit_hate" / "train.csv", DATA / "tox
 @requires_hate_data
 @requires_converted(IMPLICIT_FILES, "Implicit Hate and SBIC", "--implicit-hate --sbic")
 def test_the_implicit_hate_files_read_with_the_documented_counts_and_miss_the_functional_cases():
-    config = TrainConfig.from_file(PLUGIN / "train_implicit_hate_experiment.yaml", overrides={"data_root": str(DATA)})
-    dataset = config.read_dataset()
+    dataset = read_with_data("train_implicit_hate_experiment.yaml")
     by_name = {st.name: st for st in dataset.stats}
     assert by_name["Implicit Hate (hate)"].used == 6388 + 966
     assert by_name["Implicit Hate (not hate)"].used == 9921  # the 2,002 profane not-hate posts are skipped
-    held = {s.display_name: ex for s, ex, _ in dataset.eval_sets}
+    held = held_sets(dataset)
     assert len(held["Implicit Hate test"]) == 2161 and sum(e.label for e in held["Implicit Hate test"]) == 695 + 114
     assert len(held["SBIC dev"]) == 3997 and sum(e.label >= 0.5 for e in held["SBIC dev"]) == 2245
-    functional = {normalise(e.text) for e in held["functional cases"]}
-    trained = {normalise(e.text) for e in dataset.train + dataset.dev
-               if dataset.sources[e.source].metrics_name == "Implicit Hate"}
-    assert len(trained) > 16000 and not trained & functional
+    trained = {normalise(e.text) for e in trained_examples(dataset, "Implicit Hate")}
+    assert len(trained) > 16000
+    assert_shares_no_text(trained, held, ["functional cases"])
 
 
 
@@ -388,21 +407,18 @@ CAD_FILES = [*(DATA / "toxicity" / "cad" / f"{split}.csv" for split in ("train",
 @requires_converted([*IMPLICIT_FILES, *CAD_FILES], "CAD, Gab Hate Corpus, SBIC and Implicit Hate",
                     "--cad --ghc --sbic --sbic-test --implicit-hate")
 def test_the_cad_and_gab_files_read_with_the_documented_counts_and_miss_the_held_out_texts():
-    config = TrainConfig.from_file(PLUGIN / "train_cad_ghc_experiment.yaml", overrides={"data_root": str(DATA)})
-    dataset = config.read_dataset()
+    dataset = read_with_data("train_cad_ghc_experiment.yaml")
     by_name = {st.name: st for st in dataset.stats}
     assert by_name["CAD (abuse)"].used == 2394
     assert by_name["CAD (not abuse)"].used == 9270 + 98  # neutral and counter speech; 1,577 profane neutral skipped
     assert by_name["GHC (hate)"].used == 1938
     assert by_name["GHC (not hate)"].used == 17902  # 1,403 profane and 727 vulgar-only posts skipped
-    held = {s.display_name: ex for s, ex, _ in dataset.eval_sets}
+    held = held_sets(dataset)
     assert len(held["CAD test"]) == 5305 and sum(e.label for e in held["CAD test"]) == 906
     assert len(held["GHC test"]) == 4793 + 509 and sum(e.label for e in held["GHC test"]) == 509
     assert len(held["SBIC test"]) == 3997 and sum(e.label >= 0.5 for e in held["SBIC test"]) == 2330
-    trained = {normalise(e.text) for e in dataset.train + dataset.dev
-               if dataset.sources[e.source].metrics_name in ("CAD", "Gab Hate Corpus")}
-    for name in ("functional cases", "CAD test", "GHC test"):
-        assert not trained & {normalise(e.text) for e in held[name]}, name
+    trained = {normalise(e.text) for e in trained_examples(dataset, "CAD", "Gab Hate Corpus")}
+    assert_shares_no_text(trained, held, ["functional cases", "CAD test", "GHC test"])
     assert len(trained) > 30000
 
 # -- DynaHate (convert_hate_sources.py --dynahate-splits --dynahate; train_dynahate_experiment.yaml)
@@ -483,18 +499,14 @@ DYNAHATE_FILES = [DATA / "toxicity" / "dynahate" / f"{split}.csv" for split in (
 @requires_converted([*IMPLICIT_FILES, *CAD_FILES, *DYNAHATE_FILES], "DynaHate, CAD, Gab Hate Corpus, SBIC and "
                     "Implicit Hate", "--dynahate-splits --dynahate --cad --ghc --sbic --sbic-test --implicit-hate")
 def test_the_dynahate_files_read_with_the_documented_counts_and_miss_the_held_out_texts():
-    config = TrainConfig.from_file(PLUGIN / "train_dynahate_experiment.yaml", overrides={"data_root": str(DATA)})
-    dataset = config.read_dataset()
+    dataset = read_with_data("train_dynahate_experiment.yaml")
     assert {st.name: st.used for st in dataset.stats}["DynaHate"] == 34126
-    civil = TrainConfig.from_file(PLUGIN / "train_dynahate_civil_experiment.yaml", overrides={"data_root": str(DATA)})
-    used = {st.name: st.used for st in civil.read_dataset().stats}
+    used = {st.name: st.used for st in read_with_data("train_dynahate_civil_experiment.yaml").stats}
     assert (used["DynaHate (hate)"], used["DynaHate (not hate)"]) == (18436, 9191)  # 6,499 profane skipped
-    held = {s.display_name: ex for s, ex, _ in dataset.eval_sets}
+    held = held_sets(dataset)
     assert len(held["DynaHate test"]) == 2145 and sum(e.label for e in held["DynaHate test"]) == 1270
-    trained = {normalise(e.text) for e in dataset.train + dataset.dev
-               if dataset.sources[e.source].metrics_name == "DynaHate"}
-    for name in ("functional cases", "DynaHate test"):
-        assert not trained & {normalise(e.text) for e in held[name]}, name
+    trained = {normalise(e.text) for e in trained_examples(dataset, "DynaHate")}
+    assert_shares_no_text(trained, held, ["functional cases", "DynaHate test"])
     assert len(trained) > 30000
 
 
@@ -549,7 +561,6 @@ def test_the_toxigen_annotated_experiments_are_the_dynahate_stance_recipe_plus_t
     assert "steerkit_toxicity" not in str(config["output_dir"])
 
 
-
 @pytest.mark.parametrize("seed", [0, 1])
 def test_the_rtp_variants_raise_only_the_two_rtp_weights_by_half(seed):
     config = TrainConfig.from_file(PLUGIN / f"train_toxigen_annotated_rtp_seed{seed}_experiment.yaml").model_dump()
@@ -561,6 +572,7 @@ def test_the_rtp_variants_raise_only_the_two_rtp_weights_by_half(seed):
     assert [{**a, "weight": 0} for a in config["data"]] == [{**b, "weight": 0} for b in base["data"]]
     assert f"rtp-seed{seed}" in config["output_dir"]
 
+
 TOXIGEN_ANNOTATED_FILES = [DATA / "toxicity" / "toxigen_annotated" / f"{split}.csv" for split in ("train", "test")]
 
 
@@ -570,18 +582,15 @@ TOXIGEN_ANNOTATED_FILES = [DATA / "toxicity" / "toxigen_annotated" / f"{split}.c
                     "--toxigen-annotated-test --dynahate-splits --dynahate --cad --ghc --sbic --sbic-test "
                     "--implicit-hate")
 def test_the_toxigen_annotated_files_read_with_the_documented_counts_and_miss_the_held_out_texts():
-    config = TrainConfig.from_file(PLUGIN / "train_toxigen_annotated_seed0_experiment.yaml",
-                                   overrides={"data_root": str(DATA)})
-    dataset = config.read_dataset()
+    dataset = read_with_data("train_toxigen_annotated_seed0_experiment.yaml")
     used = {st.name: st.used for st in dataset.stats}
     assert used["ToxiGen annotated"] == 8940 and used["DynaHate"] == 34126
-    held = {s.display_name: ex for s, ex, _ in dataset.eval_sets}
+    held = held_sets(dataset)
     assert len(held["ToxiGen annotated test"]) == 598 and sum(e.label for e in held["ToxiGen annotated test"]) == 292
-    trained = [e for e in dataset.train + dataset.dev if dataset.sources[e.source].metrics_name == "ToxiGen annotated"]
+    trained = trained_examples(dataset, "ToxiGen annotated")
     assert all(0.0 <= e.label <= 1.0 for e in trained) and len({e.label for e in trained}) == 13  # 13 mean ratings
-    texts = {normalise(e.text) for e in trained}
-    for name in ("functional cases", "ToxiGen annotated test"):
-        assert not texts & {normalise(e.text) for e in held[name]}, name
+    assert_shares_no_text({normalise(e.text) for e in trained}, held, ["functional cases", "ToxiGen annotated test"])
+
 
 # -- the CONAN experiment (plugins/steerkit-toxicity/data/convert_counter_speech.py; not shipped: research-only licence)
 

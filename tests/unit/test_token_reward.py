@@ -284,3 +284,24 @@ def test_extras_append_sources_to_an_included_recipe_which_may_itself_include_on
                                        encoding="utf-8")
     with pytest.raises(ConfigError, match="data_extra must be a list"):
         TrainConfig.from_file(tmp_path / "bad.yaml")
+
+
+def test_data_weights_set_an_included_source_weight_by_name_and_reach_configs_that_include_it(tmp_path):
+    from steerkit.errors import ConfigError
+    from steerkit.training import TrainConfig
+
+    (tmp_path / "train.yaml").write_text("output_dir: seq\ndata: [{name: A, path: a.txt, label_value: 1, weight: 0.5},"
+                                         " {name: B, path: b.txt, label_value: 0}]\n", encoding="utf-8")
+    (tmp_path / "more.yaml").write_text("data_from: train.yaml\noutput_dir: more\ndata_weights: {A: 1.5, C: 2}\n"
+                                        "data_extra: [{name: C, path: c.txt, label_value: 0}]\n", encoding="utf-8")
+    assert [(s.name, s.weight) for s in TrainConfig.from_file(tmp_path / "more.yaml").data] == [
+        ("A", 1.5), ("B", 1.0), ("C", 2.0)]
+    (tmp_path / "seed1.yaml").write_text("data_from: more.yaml\noutput_dir: s1\nseed: 1\n", encoding="utf-8")
+    assert [s.weight for s in TrainConfig.from_file(tmp_path / "seed1.yaml").data] == [1.5, 1.0, 2.0]
+    (tmp_path / "typo.yaml").write_text("data_from: train.yaml\noutput_dir: t\ndata_weights: {a: 2}\n",
+                                        encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"names \['a'\], which no data source has; the sources are \['A', 'B'\]"):
+        TrainConfig.from_file(tmp_path / "typo.yaml")
+    (tmp_path / "list.yaml").write_text("data_from: train.yaml\noutput_dir: l\ndata_weights: [A]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="data_weights must map source names to weights"):
+        TrainConfig.from_file(tmp_path / "list.yaml")
