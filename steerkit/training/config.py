@@ -37,8 +37,10 @@ INCLUDES = (("data_from", DATA_KEYS), ("eval_from", ("eval",)))
 #: plus a source or two, without copying its list)
 EXTRAS = ("data", "eval")
 #: ``data_weights: {NAME: WEIGHT}``: the weight of included (or listed) data sources by name, set after the includes
-#: and extras (a recipe with one source re-weighted, without a copy of its data list)
+#: and extras (a recipe with one source re-weighted, without a copy of its data list); ``data_update: {NAME: {FIELD:
+#: VALUE}}`` sets any of a source's fields the same way (e.g. its label column and transform), then the weights
 WEIGHTS = "data_weights"
+UPDATES = "data_update"
 _PATH_FIELDS = ("data_root", "output_dir", "checkpoint_dir", "card", "cross_source")
 
 
@@ -200,13 +202,17 @@ class TrainConfig(ValidatedConfig):
         for key in ("data", "eval"):
             payload[key] = [{k: v for k, v in d.items() if k not in {"name", "licence", "relative_to"}}
                             for d in payload[key]]
+            for d in payload[key]:  # a transform without a clip fingerprints as before there was one
+                if not d["transform"]["clip"]:
+                    del d["transform"]["clip"]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
 def _with_includes(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """The raw config of ``path`` with its includes resolved: the sections ``data_from`` / ``eval_from`` name taken
     from those configs (in this directory; themselves resolved the same way, so one may extend another), the file's
-    own keys winning, then its ``data_extra`` / ``eval_extra`` appended, then its ``data_weights`` set."""
+    own keys winning, then its ``data_extra`` / ``eval_extra`` appended, then its ``data_update`` and
+    ``data_weights`` set."""
     resolved = path.resolve()
     if resolved in seen:
         raise ConfigError(f"{path}: data_from / eval_from form a cycle: "
@@ -219,6 +225,7 @@ def _with_includes(path: Path, seen: tuple[Path, ...] = ()) -> dict:
             other = _with_includes(resolved.parent / include, (*seen, resolved))
             shared.update({k: other[k] for k in sections if k in other})
     extras = {key: data.pop(f"{key}_extra", None) for key in EXTRAS}
+    updates = data.pop(UPDATES, None)
     weights = data.pop(WEIGHTS, None)
     data = {**shared, **data}
     for key, extra in extras.items():
@@ -226,17 +233,24 @@ def _with_includes(path: Path, seen: tuple[Path, ...] = ()) -> dict:
             if not isinstance(extra, list):
                 raise ConfigError(f"{path}: {key}_extra must be a list of sources, like {key}.")
             data[key] = list(data.get(key) or []) + extra
+    if updates is not None:
+        if not isinstance(updates, dict) or not all(isinstance(v, dict) for v in updates.values()):
+            raise ConfigError(f"{path}: {UPDATES} must map source names to the fields to set, e.g. "
+                              "{ToxiGen annotated: {label: toxicity_human}}.")
+        data["data"] = _updated(path, UPDATES, list(data.get("data") or []), updates)
     if weights is not None:
-        data["data"] = _reweighted(path, list(data.get("data") or []), weights)
+        if not isinstance(weights, dict):
+            raise ConfigError(f"{path}: {WEIGHTS} must map source names to weights, e.g. {{RTP continuations: 1.5}}.")
+        data["data"] = _updated(path, WEIGHTS, list(data.get("data") or []),
+                                {name: {"weight": weight} for name, weight in weights.items()})
     return data
 
 
-def _reweighted(path: Path, sources: list, weights) -> list:
-    """``sources`` with ``weights`` ({source name: weight}) set; a name no source has is a ConfigError."""
-    if not isinstance(weights, dict):
-        raise ConfigError(f"{path}: {WEIGHTS} must map source names to weights, e.g. {{RTP continuations: 1.5}}.")
+def _updated(path: Path, key: str, sources: list, updates: dict) -> list:
+    """``sources`` with ``updates`` ({source name: {field: value}}) set (the fields are then validated as any
+    source's are); a name no source has is a ConfigError."""
     names = [s.get("name") for s in sources if isinstance(s, dict)]
-    if unknown := [n for n in weights if n not in names]:
-        raise ConfigError(f"{path}: {WEIGHTS} names {unknown}, which no data source has; the sources are {names}.")
-    return [{**s, "weight": weights[s["name"]]} if isinstance(s, dict) and s.get("name") in weights else s
+    if unknown := [n for n in updates if n not in names]:
+        raise ConfigError(f"{path}: {key} names {unknown}, which no data source has; the sources are {names}.")
+    return [{**s, **updates[s["name"]]} if isinstance(s, dict) and s.get("name") in updates else s
             for s in sources]

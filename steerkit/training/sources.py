@@ -20,13 +20,15 @@ _SUFFIX_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".ndjson": "
 
 
 class LabelTransform(BaseModel):
-    """Raw label -> ρ target in [0, 1]. Applied in order: map, rescale, binary, invert."""
+    """Raw label -> ρ target in [0, 1]. Applied in order: map, rescale, clip, binary, invert."""
 
     model_config = ConfigDict(extra="forbid")
     map: dict[str, float] | None = Field(
         default=None, description="Raw value -> number, e.g. {'positive': 1, 'negative': 0} or Davidson classes")
     rescale: tuple[float, float] | None = Field(
         default=None, description="Linearly map [low, high] to [0, 1], e.g. [-4, 4]")
+    clip: bool = Field(default=False, description="Clamp to [0, 1] after the rescale: e.g. rescale [2, 4] with clip "
+                       "turns ratings 1-5 into 0 at 2 or less, 0.5 at 3, 1 at 4 or more")
     binary: float | None = Field(default=None, description="Threshold: label >= threshold -> 1, else 0")
     invert: bool = Field(default=False, description="ρ = 1 - label (e.g. to score 'negative' instead of 'positive')")
 
@@ -56,6 +58,8 @@ class LabelTransform(BaseModel):
         if self.rescale is not None:
             lo, hi = self.rescale
             value = (value - lo) / (hi - lo)
+        if self.clip:
+            value = min(1.0, max(0.0, value))
         if self.binary is not None:
             value = 1.0 if value >= self.binary else 0.0
         if self.invert:

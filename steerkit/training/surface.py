@@ -26,7 +26,8 @@ Transform = Literal["lowercase", "tokenize", "detokenize", "strip_punctuation", 
 #: said, the claim as a noun phrase, a bare quotation) and differ only in what follows, so the lead-in never decides
 #: the label. The stance comes after the hateful text in most patterns (a causal reward model must read it there)
 #: and before it in some. Written as generic counter-speech for training; no piece's fixed text (nor any run across
-#: two pieces) shares a three-word run with the functional test cases, tests/functional/toxicity.jsonl (tests/unit).
+#: two pieces) shares a three-word run with the functional test cases, tests/functional/toxicity{,_more}.jsonl
+#: (tests/unit).
 STANCES = ("against", "for")
 
 #: who said it (people and accounts; every one takes every verb below)

@@ -280,7 +280,7 @@ def test_the_converted_files_read_with_the_documented_counts():
 
 @requires_hate_data
 def test_the_new_sources_share_no_text_with_the_functional_cases():
-    cases = [json.loads(line) for name in ("toxicity.jsonl", "sentiment.jsonl")
+    cases = [json.loads(line) for name in ("toxicity.jsonl", "toxicity_more.jsonl", "sentiment.jsonl")
              for line in (ROOT / "tests" / "functional" / name).read_text(encoding="utf-8").splitlines()
              if line.strip()]
     functional = {normalise(c["text"]) for c in cases}

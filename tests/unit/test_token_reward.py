@@ -305,3 +305,31 @@ def test_data_weights_set_an_included_source_weight_by_name_and_reach_configs_th
     (tmp_path / "list.yaml").write_text("data_from: train.yaml\noutput_dir: l\ndata_weights: [A]\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="data_weights must map source names to weights"):
         TrainConfig.from_file(tmp_path / "list.yaml")
+
+
+def test_data_update_sets_any_field_of_an_included_source_by_name_before_the_weights(tmp_path):
+    from steerkit.errors import ConfigError
+    from steerkit.training import TrainConfig
+
+    (tmp_path / "train.yaml").write_text("output_dir: seq\ndata: [{name: A, path: a.csv, label: label, weight: 0.5},"
+                                         " {name: B, path: b.txt, label_value: 0}]\n", encoding="utf-8")
+    (tmp_path / "rated.yaml").write_text(
+        "data_from: train.yaml\noutput_dir: r\ndata_weights: {A: 2}\n"
+        "data_update: {A: {label: rating, weight: 3, transform: {rescale: [2, 4], clip: true}}}\n", encoding="utf-8")
+    a, b = TrainConfig.from_file(tmp_path / "rated.yaml").data
+    assert (a.label, a.weight, a.transform.rescale, a.transform.clip) == ("rating", 2.0, (2, 4), True)  # weights last
+    assert b.model_dump() == TrainConfig.from_file(tmp_path / "train.yaml").data[1].model_dump()
+    (tmp_path / "seed1.yaml").write_text("data_from: rated.yaml\noutput_dir: s1\nseed: 1\n", encoding="utf-8")
+    assert TrainConfig.from_file(tmp_path / "seed1.yaml").data[0].label == "rating"
+    (tmp_path / "typo.yaml").write_text("data_from: train.yaml\noutput_dir: t\ndata_update: {C: {label: x}}\n",
+                                        encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"data_update names \['C'\], which no data source has"):
+        TrainConfig.from_file(tmp_path / "typo.yaml")
+    (tmp_path / "flat.yaml").write_text("data_from: train.yaml\noutput_dir: f\ndata_update: {A: rating}\n",
+                                        encoding="utf-8")
+    with pytest.raises(ConfigError, match="data_update must map source names to the fields to set"):
+        TrainConfig.from_file(tmp_path / "flat.yaml")
+    (tmp_path / "field.yaml").write_text("data_from: train.yaml\noutput_dir: f\ndata_update: {A: {lable: x}}\n",
+                                         encoding="utf-8")
+    with pytest.raises(ConfigError, match="lable"):  # a misspelt field fails as it would in the source itself
+        TrainConfig.from_file(tmp_path / "field.yaml")

@@ -59,6 +59,12 @@ def test_label_transforms():
         LabelTransform().apply(3)
     with pytest.raises(Exception, match="low < high"):
         LabelTransform(rescale=(1, 1))
+    # clip: a 1-5 rating with [2, 4] as the scale's span (2 or less -> 0, 3 -> 0.5, 4 or more -> 1)
+    clipped = LabelTransform(rescale=(2, 4), clip=True)
+    assert [clipped.apply(r) for r in (1, 1.67, 2, 2.5, 3, 3.5, 4, 5)] == pytest.approx(
+        [0, 0, 0, 0.25, 0.5, 0.75, 1, 1])
+    with pytest.raises(ValueError, match="outside"):  # without it, the same ratings fail as before
+        LabelTransform(rescale=(2, 4)).apply(1)
 
 
 # -- bad data: DataError naming file, line and problem ---------------------------------------------
