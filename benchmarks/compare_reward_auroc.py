@@ -1,5 +1,6 @@
 """Reward models compared on one held-out set of a training config, on the same rows: each model's AUROC with its
-DeLong standard error, and each pair's difference with a 95% interval from a paired bootstrap over the rows.
+DeLong standard error, and each pair's difference with a 95% interval from a paired bootstrap over the rows. A set
+whose rows have categories (``by``, the functional cases) also gets each model's correct count per category.
 
 The rows, their tokens and the predictions are those ``steerkit train CONFIG --assess MODEL`` reports for the set
 (the config's reader, ``max_length`` and scoring path), so the AUROCs here equal the ones it prints. Two models
@@ -72,6 +73,7 @@ def compare_on_set(dataset, config, config_name: str, held: str, named: list, mo
     parts = [(rows, source.max_length or config.max_length) for source, rows, _ in dataset.eval_sets
              if source.metrics_name == held]
     labels = [e.label for rows, _ in parts for e in rows]
+    categories = [e.category for rows, _ in parts for e in rows]  # a set with ``by`` (functional cases)
     print(f"{held} ({len(labels)} rows)", flush=True)
     scores, measured = {}, {}
     for name, directory in named:
@@ -80,6 +82,10 @@ def compare_on_set(dataset, config, config_name: str, held: str, named: list, mo
         scores[name] = predict(model, tokens, batch_size=config.eval_batch_size)[0]
         measured[name] = auroc_with_se(scores[name], labels)
         print(f"  {name}: AUROC {measured[name][0]:.4f} ± {measured[name][1]:.4f} (DeLong SE)", flush=True)
+    by_category = per_category(scores, labels, categories)
+    for category, counts in by_category.items():
+        print(f"  {category}: " + ", ".join(f"{name} {c['correct']}/{c['n']} (mean {c['mean_reward']:.2f})"
+                                           for name, c in counts.items()), flush=True)
     rng = random.Random(seed)
     draws = [[rng.randrange(len(labels)) for _ in labels] for _ in range(resamples)]
     pairs = []
@@ -100,7 +106,19 @@ def compare_on_set(dataset, config, config_name: str, held: str, named: list, mo
             "rows": len(labels), "positive_rate": sum(y >= 0.5 for y in labels) / len(labels),
             "models": {name: {"dir": directory, "auroc": measured[name][0], "auroc_se": measured[name][1]}
                        for name, directory in named},
-            "pairs": pairs, "resamples": resamples, "seed": seed}
+            "pairs": pairs, "resamples": resamples, "seed": seed, **({"categories": by_category} if by_category else {})}
+
+
+def per_category(scores: dict, labels: list, categories: list) -> dict:
+    """{category: {model: correct (ρ on the label's side of 0.5), n, mean ρ}} for a set whose rows have a category
+    (``by``), as --assess reports per category; empty for a set without."""
+    idx_by: dict = {}
+    for i, c in enumerate(categories):
+        if c is not None:
+            idx_by.setdefault(c, []).append(i)
+    return {c: {name: {"correct": sum((s[i] >= 0.5) == (labels[i] >= 0.5) for i in idx), "n": len(idx),
+                       "mean_reward": sum(s[i] for i in idx) / len(idx)} for name, s in scores.items()}
+            for c, idx in sorted(idx_by.items())}
 
 
 if __name__ == "__main__":
