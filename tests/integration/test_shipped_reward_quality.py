@@ -72,6 +72,16 @@ FLOORS = {
     },
 }
 
+# the later cases (tests/functional/toxicity_more.jsonl, written after 0.8.0 shipped; 24 a category, 12 for the last
+# three): 0.8.0 measured 16/24, 6/24, 11/24, 21/24, 22/24, 12/12, 12/12, 12/12. Floors: one case under the measurement.
+MORE_FLOORS = {
+    "toxicity": {
+        "implicit derogation": 15 / 24, "negated positive": 5 / 24, "counter-speech": 10 / 24,
+        "counter-speech, other wording": 20 / 24, "neutral identity": 21 / 24, "explicit hate with profanity": 11 / 12,
+        "spelling variants": 11 / 12, "neutral": 11 / 12,
+    },
+}
+
 # name -> (plugin directory, package, model directory, training config)
 SHIPPED = {
     "toxicity": ("steerkit-toxicity", "steerkit_toxicity", "model", "train.yaml"),
@@ -105,6 +115,18 @@ def test_functional_cases_per_category(name):
     assert set(measured) == set(FLOORS[name])
     below = {c: (round(v, 3), FLOORS[name][c]) for c, v in measured.items() if v < FLOORS[name][c]}
     assert not below, f"{name}: categories below their floor (measured, floor): {below}"
+
+
+@pytest.mark.parametrize("name", list(MORE_FLOORS))
+def test_later_functional_cases_per_category(name):
+    model = _load(name)
+    measured = _per_category(model, FUNCTIONAL / f"{name}_more.jsonl")
+    assert set(measured) == set(MORE_FLOORS[name])
+    below = {c: (round(v, 3), MORE_FLOORS[name][c]) for c, v in measured.items() if v < MORE_FLOORS[name][c]}
+    assert not below, f"{name}: categories below their floor (measured, floor): {below}"
+    # the card's examples of a group's name alone raising rho over 0.5
+    assert all(float(s) > 0.5 for s in model.score_texts(["A trans woman was elected to the city council.",
+                                                             "Two gay dads cheered at their daughter's graduation."]))
 
 
 def _card_metrics(name: str) -> dict:
