@@ -106,7 +106,8 @@ def compare_on_set(dataset, config, config_name: str, held: str, named: list, mo
             "rows": len(labels), "positive_rate": sum(y >= 0.5 for y in labels) / len(labels),
             "models": {name: {"dir": directory, "auroc": measured[name][0], "auroc_se": measured[name][1]}
                        for name, directory in named},
-            "pairs": pairs, "resamples": resamples, "seed": seed, **({"categories": by_category} if by_category else {})}
+            "pairs": pairs, "resamples": resamples, "seed": seed,
+            **({"categories": by_category} if by_category else {})}
 
 
 def per_category(scores: dict, labels: list, categories: list) -> dict:
