@@ -36,6 +36,8 @@ class LabelTransform(BaseModel):
     def _check(self):
         if self.rescale is not None and not self.rescale[0] < self.rescale[1]:
             raise ValueError(f"rescale must be [low, high] with low < high, got {list(self.rescale)}")
+        if self.clip and self.rescale is None:  # else a label from a wrong column would clamp instead of failing
+            raise ValueError("clip clamps what a rescale maps outside [0, 1]; give `rescale: [low, high]` with it")
         return self
 
     def apply(self, raw) -> float:

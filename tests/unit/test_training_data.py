@@ -65,6 +65,8 @@ def test_label_transforms():
         [0, 0, 0, 0.25, 0.5, 0.75, 1, 1])
     with pytest.raises(ValueError, match="outside"):  # without it, the same ratings fail as before
         LabelTransform(rescale=(2, 4)).apply(1)
+    with pytest.raises(Exception, match="give `rescale: \\[low, high\\]` with it"):  # a bare clip: a bad label hidden
+        LabelTransform(clip=True)
 
 
 # -- bad data: DataError naming file, line and problem ---------------------------------------------
