@@ -112,14 +112,17 @@ def compare_on_set(dataset, config, config_name: str, held: str, named: list, mo
 
 def per_category(scores: dict, labels: list, categories: list) -> dict:
     """{category: {model: correct (ρ on the label's side of 0.5), n, mean ρ}} for a set whose rows have a category
-    (``by``), as --assess reports per category; empty for a set without."""
-    idx_by: dict = {}
-    for i, c in enumerate(categories):
-        if c is not None:
-            idx_by.setdefault(c, []).append(i)
-    return {c: {name: {"correct": sum((s[i] >= 0.5) == (labels[i] >= 0.5) for i in idx), "n": len(idx),
-                       "mean_reward": sum(s[i] for i in idx) / len(idx)} for name, s in scores.items()}
-            for c, idx in sorted(idx_by.items())}
+    (``by``), from the metrics --assess reports per category; empty for a set without."""
+    from steerkit.training.metrics import category_rows, summarise
+
+    out = {}
+    for category, idx in category_rows(categories).items():
+        out[category] = {}
+        for name, s in scores.items():
+            m = summarise([s[i] for i in idx], [labels[i] for i in idx])
+            out[category][name] = {"correct": round(m["accuracy"] * m["n"]), "n": m["n"],
+                                   "mean_reward": m["mean_reward"]}
+    return out
 
 
 if __name__ == "__main__":

@@ -139,13 +139,18 @@ def final_metrics(model, dataset, dev_rows: list[list[int]], eval_rows: list[lis
     for name, (rows, labels, categories, max_length) in pooled.items():
         final, prefix = predict(model, rows, batch_size=config.eval_batch_size)
         out["eval"][name] = {**summarise(final, labels, prefix), "max_length": max_length}
-        by_category: dict[str, list[int]] = {}
-        for i, c in enumerate(categories):
-            if c is not None:
-                by_category.setdefault(c, []).append(i)
-        for category, idx in sorted(by_category.items()):
+        for category, idx in category_rows(categories).items():
             out["eval"][f"{name} / {category}"] = {**_subset(final, labels, prefix, idx), "max_length": max_length}
     return out
+
+
+def category_rows(categories: list) -> dict[str, list[int]]:
+    """{category: its row indices}, sorted by category, for a set read with ``by`` (rows without one left out)."""
+    rows: dict[str, list[int]] = {}
+    for i, c in enumerate(categories):
+        if c is not None:
+            rows.setdefault(c, []).append(i)
+    return dict(sorted(rows.items()))
 
 
 def _subset(final, labels, prefix, idx) -> dict:

@@ -109,21 +109,22 @@ def _per_category(model, path: Path) -> dict[str, float]:
     return {c: sum(v) / len(v) for c, v in hits.items()}
 
 
+def _assert_floors(name: str, model, path: Path, floors: dict[str, float]) -> None:
+    measured = _per_category(model, path)
+    assert set(measured) == set(floors)
+    below = {c: (round(v, 3), floors[c]) for c, v in measured.items() if v < floors[c]}
+    assert not below, f"{name}: categories below their floor (measured, floor): {below}"
+
+
 @pytest.mark.parametrize("name", list(FLOORS))
 def test_functional_cases_per_category(name):
-    measured = _per_category(_load(name), FUNCTIONAL / f"{name.split('-')[0]}.jsonl")
-    assert set(measured) == set(FLOORS[name])
-    below = {c: (round(v, 3), FLOORS[name][c]) for c, v in measured.items() if v < FLOORS[name][c]}
-    assert not below, f"{name}: categories below their floor (measured, floor): {below}"
+    _assert_floors(name, _load(name), FUNCTIONAL / f"{name.split('-')[0]}.jsonl", FLOORS[name])
 
 
 @pytest.mark.parametrize("name", list(MORE_FLOORS))
 def test_later_functional_cases_per_category(name):
     model = _load(name)
-    measured = _per_category(model, FUNCTIONAL / f"{name}_more.jsonl")
-    assert set(measured) == set(MORE_FLOORS[name])
-    below = {c: (round(v, 3), MORE_FLOORS[name][c]) for c, v in measured.items() if v < MORE_FLOORS[name][c]}
-    assert not below, f"{name}: categories below their floor (measured, floor): {below}"
+    _assert_floors(name, model, FUNCTIONAL / f"{name}_more.jsonl", MORE_FLOORS[name])
     # the card's examples of a group's name alone raising rho over 0.5
     assert all(float(s) > 0.5 for s in model.score_texts(["A trans woman was elected to the city council.",
                                                              "Two gay dads cheered at their daughter's graduation."]))
