@@ -16,7 +16,8 @@ import itertools
 import re
 from typing import Literal
 
-Transform = Literal["lowercase", "tokenize", "detokenize", "strip_punctuation", "obfuscate", "denounce", "endorse"]
+Transform = Literal["lowercase", "tokenize", "detokenize", "strip_punctuation", "obfuscate", "denounce", "endorse",
+                    "denounce_named", "endorse_named"]
 
 #: The counter-speech grammar behind ``denounce`` and ``endorse`` (issue 26). A hateful text quoted or reported in
 #: order to reject it is not hateful; the same text quoted or reported in order to approve of it is. Twelve fixed
@@ -148,6 +149,53 @@ CS_BEFORE = {  # the stance first, the clause after
     ),
 }
 
+#: The grammar's ``_named`` variant (``denounce_named`` / ``endorse_named``) adds to each stance slot rejections that
+#: name the bias ("..., and what a sexist thing to say") and their mirror images, which deny it ("..., and that is not a
+#: sexist thing to say at all", label kept). Counter-speech that names the bias scored as hate under every model
+#: (issue 26: "... is homophobic and false" 0.77, the same case with "hateful" 0.45), while the base grammar never
+#: names one; the mirror keeps "racist" from becoming a sign of rejection by itself. Each template below is one
+#: alternative of its slot, its bias word chosen by a further hash of the key. The base grammar is unchanged.
+BIAS_WORDS = ("racist", "sexist", "homophobic", "transphobic", "antisemitic", "Islamophobic", "xenophobic",
+              "ableist", "misogynistic")
+#: the bias a text's group makes likely (a text that names none of these groups gets any of BIAS_WORDS)
+BIAS_GROUPS = {
+    "racist": r"black|african|asian|chinese|mexican|latin[oax]s?|hispanic|arabs?|indians?|native|indigenous|roma|"
+              r"gyps(y|ies)|whites?|races?|aboriginals?|pakistanis?",
+    "sexist": r"wom[ae]n|girls?|females?|wi(fe|ves)|feminists?", "misogynistic": r"wom[ae]n|girls?|females?",
+    "homophobic": r"gays?|lesbians?|homosexuals?|queers?|lgbtq?", "transphobic": r"trans|transgender|trannys?",
+    "antisemitic": r"jews?|jewish|zionists?", "Islamophobic": r"muslims?|islam|islamic",
+    "xenophobic": r"immigrants?|refugees?|migrants?|foreigners?|illegals", "ableist": r"disabled|disability|autistic|"
+                  r"retard(ed|s)?|deaf|blind|wheelchairs?",
+}
+_BIAS_RES = [(i, re.compile(rf"(?i)\b({BIAS_GROUPS[w]})\b")) for i, w in enumerate(BIAS_WORDS)]
+CS_NAMED = {  # by the slot it extends; "{b}" is the bias word
+    "joined": {
+        "against": (", and that is {b} through and through", ", and what a {b} thing to say", " - openly {b}",
+                    ", and calling it anything but {b} would be dishonest"),
+        "for": (", and that is not {b} in any way", ", and that is not a {b} thing to say at all",
+                " - not {b}, just honest", ", and calling it {b} would be dishonest"),
+    },
+    "sentences": {
+        "against": ("That is {b}; everyone knows it.", "Pure {b} nonsense.", "I told them that was {b}.",
+                    "Deeply {b}, and I said so."),
+        "for": ("That is not {b}; everyone knows it.", "Honest, not {b} nonsense.",
+                "I told them that was not {b}.", "Not {b} at all, and I said so."),
+    },
+    "verdicts": {
+        "against": ("is {b} through and through", "is textbook {b} thinking", "sounds deeply {b} to me",
+                    "is {b}, whatever its fans say"),
+        "for": ("is not {b} in the slightest", "is not {b} thinking, just realism", "does not sound {b} to me at all",
+                "is not {b}, whatever its critics say"),
+    },
+    "before": {
+        "against": ("How {b} must someone be to think that {}", "Only someone deeply {b} would say that {}",
+                    "It takes a {b} mind to believe that {}"),
+        "for": ("Nothing {b} about pointing out that {}",
+                "Only the easily offended would call it {b} to admit that {}",
+                "Calling it {b} will not change the fact that {}"),
+    },
+}
+
 #: Patterns: (name, weight, parts); a part is literal text, a tuple of alternatives, or a dict of them by stance.
 #: Every template has one "{}" for the text: quoted ('"{}"') or reported as a clause. 85 % of the weight has the
 #: stance after the text.
@@ -164,26 +212,61 @@ CS_PATTERNS = (
 )
 #: longer texts are cut to this many words (with "..."), so that a stance after them survives the 64-token limit
 CS_MAX_WORDS = 24
+_SLOTS = {id(CS_JOINED): "joined", id(CS_SENTENCES): "sentences", id(CS_VERDICTS): "verdicts", id(CS_BEFORE): "before"}
+
+
+def _with_named(part):
+    if not isinstance(part, dict):
+        return part
+    extra = CS_NAMED[_SLOTS[id(part)]]
+    return {s: part[s] + tuple(tuple(_named_piece(t, w) for w in BIAS_WORDS) for t in extra[s]) for s in part}
+
+
+def _named_piece(template: str, word: str) -> str:
+    article = " an {b}" if word[0].lower() in "aeiou" else " a {b}"
+    return template.replace(" a {b}", article).replace("{b}", word)
+
+
+def bias_choices(text: str) -> tuple[int, ...]:
+    """The indices into BIAS_WORDS that fit the groups ``text`` names (all of them where it names none)."""
+    return tuple(i for i, pattern in _BIAS_RES if pattern.search(text)) or tuple(range(len(BIAS_WORDS)))
+
+
+#: the ``_named`` grammar: every pattern with its stance slots extended by CS_NAMED (weights unchanged)
+CS_PATTERNS_NAMED = tuple((name, w, tuple(_with_named(p) for p in parts)) for name, w, parts in CS_PATTERNS)
 _FIRST_PERSON = {"i", "i'm", "me", "my", "we", "us", "our", "you", "your"}
 
 
-def _alternatives(part, stance: str) -> tuple[str, ...]:
+def _choices(part, stance: str) -> tuple:
+    """A slot's alternatives; one may be a group (a named template with each bias word), chosen as one."""
     if isinstance(part, str):
         return (part,)
     return part[stance] if isinstance(part, dict) else part
 
 
-def counter_speech_frames(stance: str, pattern: str | None = None):
-    """Every template of the grammar for ``stance`` ("against" or "for"), or of one pattern: for tests."""
-    for name, _, parts in CS_PATTERNS:
+def _alternatives(part, stance: str) -> tuple[str, ...]:
+    return tuple(a for c in _choices(part, stance) for a in (c if isinstance(c, tuple) else (c,)))
+
+
+def counter_speech_frames(stance: str, pattern: str | None = None, named: bool = False):
+    """Every template of the grammar (``named``: its ``_named`` variant) for ``stance`` ("against" or "for"), or of
+    one pattern: for tests."""
+    for name, _, parts in CS_PATTERNS_NAMED if named else CS_PATTERNS:
         if pattern is None or name == pattern:
             for pieces in itertools.product(*(_alternatives(p, stance) for p in parts)):
                 yield "".join(pieces)
 
 
-def counter_speech_frame(key: str, stance: str, quoted_only: bool = False) -> str:
-    """The template chosen by ``key``: a pattern by weight, then every piece by its own hash of the key."""
-    patterns = [p for p in CS_PATTERNS if not quoted_only or '"{}"' in "".join(
+def _pick(alternatives: tuple, key: str, bias: tuple[int, ...]) -> str:
+    choice = alternatives[int(unit(key) * len(alternatives))]
+    return choice[bias[int(unit(f"{key}:b") * len(bias))]] if isinstance(choice, tuple) else choice
+
+
+def counter_speech_frame(key: str, stance: str, quoted_only: bool = False, named: bool = False,
+                         bias: tuple[int, ...] = tuple(range(len(BIAS_WORDS)))) -> str:
+    """The template chosen by ``key``: a pattern by weight, then every piece by its own hash of the key (a named
+    piece's bias word among ``bias``, indices into BIAS_WORDS)."""
+    patterns = [p for p in (CS_PATTERNS_NAMED if named else CS_PATTERNS) if not quoted_only or '"{}"' in "".join(
         a for part in p[2] for a in _alternatives(part, stance))]
     total = sum(w for _, w, _ in patterns)
     u, acc = unit(f"{key}:pattern") * total, 0.0
@@ -193,8 +276,7 @@ def counter_speech_frame(key: str, stance: str, quoted_only: bool = False) -> st
         if u < acc:
             name, parts = n, ps
             break
-    return "".join(alts[int(unit(f"{key}:{name}:{i}") * len(alts))]
-                   for i, alts in enumerate(_alternatives(p, stance) for p in parts))
+    return "".join(_pick(alts, f"{key}:{name}:{i}", bias) for i, alts in enumerate(_choices(p, stance) for p in parts))
 
 
 _CLITICS = re.compile(r"(?i)(\w)('s|'re|'ve|'ll|'d|'m|n't)\b")
@@ -257,7 +339,7 @@ def obfuscate(text: str, lexicon: set[str], key: str) -> str:
     return re.sub(r"[A-Za-z][A-Za-z']+", swap, text)
 
 
-def _frame(text: str, key: str, stance: str) -> str:
+def _frame(text: str, key: str, stance: str, named: bool = False) -> str:
     quoted = _SPACES.sub(" ", text.replace('"', "'")).strip().rstrip(".!?;: ")
     if not quoted:
         return text
@@ -266,29 +348,29 @@ def _frame(text: str, key: str, stance: str) -> str:
         quoted = " ".join(words[:CS_MAX_WORDS]).rstrip(".,!?;: ") + " ..."
     # a text in the first or second person ("I 'm sick of ...") is quoted, not reported as a clause
     first_person = bool(_FIRST_PERSON & {w.strip(".,!?;:'").lower() for w in words})
-    frame = counter_speech_frame(key, stance, quoted_only=first_person)
+    frame = counter_speech_frame(key, stance, quoted_only=first_person, named=named, bias=bias_choices(quoted))
     if '"{}"' not in frame and not quoted[:2].isupper():  # a clause, unless it starts with an acronym ("US ...")
         quoted = quoted[0].lower() + quoted[1:]
     return frame.format(quoted)
 
 
-def denounce(text: str, key: str) -> str:
+def denounce(text: str, key: str, named: bool = False) -> str:
     """Counter-speech: ``text`` quoted or reported (then with a lower-case first letter, as a clause) inside a
-    sentence that rejects it, composed from the grammar by ``key``."""
-    return _frame(text, key, "against")
+    sentence that rejects it, composed from the grammar (``named``: its variant that may name the bias) by ``key``."""
+    return _frame(text, key, "against", named)
 
 
-def endorse(text: str, key: str) -> str:
+def endorse(text: str, key: str, named: bool = False) -> str:
     """The contrast to :func:`denounce`: ``text`` introduced by the same lead-ins but approved of (its label stays)."""
-    return _frame(text, key, "for")
+    return _frame(text, key, "for", named)
 
 
 def apply_transforms(text: str, transforms: list[str], lexicon: set[str], key: str) -> str:
     for name in transforms:
-        if name == "denounce":
-            text = denounce(text, key)
-        elif name == "endorse":
-            text = endorse(text, key)
+        if name in ("denounce", "denounce_named"):
+            text = denounce(text, key, named=name.endswith("_named"))
+        elif name in ("endorse", "endorse_named"):
+            text = endorse(text, key, named=name.endswith("_named"))
         elif name == "lowercase":
             text = text.lower()
         elif name == "tokenize":

@@ -280,7 +280,8 @@ def test_the_converted_files_read_with_the_documented_counts():
 
 @requires_hate_data
 def test_the_new_sources_share_no_text_with_the_functional_cases():
-    cases = [json.loads(line) for name in ("toxicity.jsonl", "toxicity_more.jsonl", "sentiment.jsonl")
+    names = ("toxicity.jsonl", "toxicity_more.jsonl", "toxicity_named.jsonl", "sentiment.jsonl")
+    cases = [json.loads(line) for name in names
              for line in (ROOT / "tests" / "functional" / name).read_text(encoding="utf-8").splitlines()
              if line.strip()]
     functional = {normalise(c["text"]) for c in cases}

@@ -3,6 +3,7 @@ per-category metrics, leave-one-source-out validation, --device."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
@@ -16,9 +17,9 @@ from steerkit.testing import labelled_review, make_tokenizer, save_tiny_lm  # no
 from steerkit.training.augment import AugmentConfig, augment, mine_lexicon  # noqa: E402
 from steerkit.training.config import TrainConfig  # noqa: E402
 from steerkit.training.data import Example, build_dataset  # noqa: E402
-from steerkit.training.surface import (CS_MAX_WORDS, CS_PATTERNS, STANCES, counter_speech_frames,  # noqa: E402
-                                       denounce, detokenize, endorse, obfuscate_word, strip_punctuation,
-                                       tokenize_spacing)
+from steerkit.training.surface import (BIAS_WORDS, CS_MAX_WORDS, CS_PATTERNS, CS_PATTERNS_NAMED,  # noqa: E402
+                                       STANCES, bias_choices, counter_speech_frames, denounce, detokenize, endorse,
+                                       obfuscate_word, strip_punctuation, tokenize_spacing)
 
 
 # -- surface forms ------------------------------------------------------------------------------------------------
@@ -85,13 +86,13 @@ def test_augment_respects_sources_and_min_label():
     assert "moron" in lexicon and all("moron" not in e.text for e in added)  # every occurrence perturbed
 
 
-def _framed_copies(view: dict, stance: str) -> tuple[list[tuple[Example, Example]], set[str]]:
+def _framed_copies(view: dict, stance: str, named: bool = False) -> tuple[list[tuple[Example, Example]], set[str]]:
     """(original, copy) pairs of an augmentation view over _examples(), and the grammar template of each copy."""
     train = _examples()
     added, _, _ = augment(train, [("a", "a"), ("b", "b")], AugmentConfig(views=[view]), seed=0,
                           paths=["a.txt", "b.txt"])
     originals = {(e.source, e.line): e for e in train}
-    templates = set(counter_speech_frames(stance))
+    templates = set(counter_speech_frames(stance, named=named))
     pairs, frames = [], set()
     for ex in added:
         base = originals[(ex.source, ex.line)]
@@ -154,20 +155,53 @@ def _word_runs(text: str, n: int = 3) -> set[str]:
 
 
 def test_counter_speech_grammar_shares_no_wording_with_the_functional_cases():
-    """The counter-speech grammar is for training; the functional cases that measure counter-speech (both files) must
+    """The counter-speech grammar is for training; the functional cases that measure counter-speech (every file) must
     not contain any of its fixed text (3+ word runs, within a piece or across two), or the measurement would be of
-    memorised wording. Every template of both stances is enumerated."""
-    cases = [json.loads(line)["text"] for name in ("toxicity.jsonl", "toxicity_more.jsonl") for line in
+    memorised wording. Every template of both stances, of the grammar and its named variant, is enumerated."""
+    names = ("toxicity.jsonl", "toxicity_more.jsonl", "toxicity_named.jsonl")
+    cases = [json.loads(line)["text"] for name in names for line in
              (Path(__file__).resolve().parents[1] / "functional" / name).read_text().splitlines() if line]
     case_runs = set().union(*(_word_runs(c) for c in cases))
-    assert len(cases) == 96 + 156 and _word_runs(cases[-1]) <= case_runs  # the check sees every case's runs
+    assert len(cases) == 96 + 156 + 60 and _word_runs(cases[-1]) <= case_runs  # the check sees every case's runs
     shared = {}
-    for stance in STANCES:
-        for frame in counter_speech_frames(stance):
+    for stance, named in itertools.product(STANCES, (False, True)):
+        for frame in counter_speech_frames(stance, named=named):
             for part in frame.split("{}"):
                 for run in _word_runs(part) & case_runs:
                     shared.setdefault(run, frame)
     assert not shared, shared
+
+
+def test_the_named_grammar_adds_rejections_that_name_the_bias_and_their_mirror_images():
+    for stance in STANCES:  # the base grammar is a part of the named one
+        base, named = set(counter_speech_frames(stance)), set(counter_speech_frames(stance, named=True))
+        assert base < named and len(named) > 2 * len(base)
+    for name, _, _ in CS_PATTERNS_NAMED:  # as in the base grammar, the lead-in decides no label
+        if not name.startswith("stance first"):
+            against, approving = (sorted({f.split("{}")[0] for f in counter_speech_frames(s, name, named=True)})
+                                  for s in STANCES)
+            assert against == approving
+    text = "Muslims are all terrorists."
+    for stance, make in (("against", denounce), ("for", endorse)):
+        copies = [make(text, f"key{i}", named=True) for i in range(2000)]
+        assert copies == [make(text, f"key{i}", named=True) for i in range(2000)]
+        named_copies = [c for c in copies if any(w in c for w in BIAS_WORDS)]
+        assert 0.1 * len(copies) <= len(named_copies) <= 0.3 * len(copies)  # most copies still use the base pieces
+        assert all("Islamophobic" in c and " a Islamophobic" not in c for c in named_copies)  # the group's bias
+        denied = sum(bool(re.search(r"\bnot(hing)? Islamophobic", c)) for c in named_copies)
+        assert denied == 0 if stance == "against" else denied >= 0.5 * len(named_copies)  # mirror images deny it
+    assert not any(w in denounce(text, f"key{i}") + endorse(text, f"key{i}")  # the base grammar names no bias
+                   for i in range(300) for w in BIAS_WORDS)
+    assert bias_choices("Those people ruin everything.") == tuple(range(len(BIAS_WORDS)))  # no group: any bias
+    assert [BIAS_WORDS[i] for i in bias_choices("Jews and women")] == ["sexist", "antisemitic", "misogynistic"]
+
+
+def test_named_views_train_like_the_base_ones():
+    pairs, _ = _framed_copies({"transforms": ["denounce_named"], "rate": 1.0, "min_label": 0.5, "label": 0.0},
+                              "against", named=True)
+    assert len(pairs) == 200 and all(ex.label == 0.0 for _, ex in pairs)
+    pairs, _ = _framed_copies({"transforms": ["endorse_named"], "rate": 1.0, "min_label": 0.5}, "for", named=True)
+    assert len(pairs) == 200 and all(ex.label == base.label == 1.0 for base, ex in pairs)
 
 
 def test_a_copy_that_does_not_change_is_not_added():
