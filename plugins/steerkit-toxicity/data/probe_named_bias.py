@@ -17,7 +17,8 @@ import statistics
 from pathlib import Path
 
 CASES = Path(__file__).resolve().parents[3] / "tests" / "functional" / "toxicity_more.jsonl"
-BIAS = re.compile(r"\b(racist|racism|homophobic|biphobic|ableist|antisemitic|Islamophobic|sexist|transphobic|bigotry)\b")
+BIAS = re.compile(r"\b(racist|racism|homophobic|biphobic|ableist|antisemitic|Islamophobic|sexist|transphobic|"
+                  r"bigotry)\b")
 
 
 def named_cases() -> list[str]:
