@@ -3,6 +3,7 @@ per-category metrics, leave-one-source-out validation, --device."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import re
@@ -194,6 +195,15 @@ def test_the_named_grammar_adds_rejections_that_name_the_bias_and_their_mirror_i
                    for i in range(300) for w in BIAS_WORDS)
     assert bias_choices("Those people ruin everything.") == tuple(range(len(BIAS_WORDS)))  # no group: any bias
     assert [BIAS_WORDS[i] for i in bias_choices("Jews and women")] == ["sexist", "antisemitic", "misogynistic"]
+
+
+def test_the_base_grammar_is_unchanged():
+    """Every shipped config's stance copies come from the base grammar: a change to it (a piece added, reordered or
+    reworded) changes what they train on. The digest is of the copies before the named variant was added."""
+    texts = ["Those people are a drain on everyone around them.", "I hate them all.", "Immigrants ruin everything"]
+    copies = "\n".join(make(t, f"k{i}") for i in range(200) for t in texts for make in (denounce, endorse))
+    assert hashlib.sha256(copies.encode()).hexdigest() == \
+        "6535e8e3dc2cf786a40aa07331d161b8cfcffbecd0bf3ef8da583e6730f72701"
 
 
 def test_named_views_train_like_the_base_ones():
