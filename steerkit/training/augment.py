@@ -11,6 +11,8 @@ the *training* split only (never dev or test), copies of a seeded fraction of ea
 * ``denounce`` (with the view's ``label``, e.g. 0): counter-speech, the row quoted or reported inside a sentence
   that rejects it, so that a model learns that quoting hate to reject it is not hate; ``endorse`` (label kept): the
   row behind the same lead-ins but approved of, so that the lead-in alone never decides the label;
+  ``denounce_named`` / ``endorse_named``: the same from the grammar's variant that may also name the bias in the
+  rejection ("..., and what a sexist thing to say") and deny it in the approval (steerkit/training/surface.py);
 * ``obfuscate``: letter swaps, dropped letters, spaced-out letters, leetspeak and joined words applied to the
   words that mark the positive class *in the training data itself* (the ``lexicon_size`` words with the highest
   smoothed log-odds of appearing in rows labelled >= 0.5), e.g. slurs and insults in toxicity data. An explicit

@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import json
 import re
+import typing
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,8 @@ from steerkit.training.augment import AugmentConfig, augment, mine_lexicon  # no
 from steerkit.training.config import TrainConfig  # noqa: E402
 from steerkit.training.data import Example, build_dataset  # noqa: E402
 from steerkit.training.surface import (BIAS_WORDS, CS_MAX_WORDS, CS_PATTERNS, CS_PATTERNS_NAMED,  # noqa: E402
-                                       STANCES, bias_choices, counter_speech_frames, denounce, detokenize, endorse,
-                                       obfuscate_word, strip_punctuation, tokenize_spacing)
+                                       STANCES, Transform, bias_choices, counter_speech_frames, denounce,
+                                       detokenize, endorse, obfuscate_word, strip_punctuation, tokenize_spacing)
 
 
 # -- surface forms ------------------------------------------------------------------------------------------------
@@ -212,6 +213,11 @@ def test_named_views_train_like_the_base_ones():
     assert len(pairs) == 200 and all(ex.label == 0.0 for _, ex in pairs)
     pairs, _ = _framed_copies({"transforms": ["endorse_named"], "rate": 1.0, "min_label": 0.5}, "for", named=True)
     assert len(pairs) == 200 and all(ex.label == base.label == 1.0 for base, ex in pairs)
+
+
+def test_every_transform_is_documented():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
+    assert [t for t in typing.get_args(Transform) if f"`{t}`" not in text] == []
 
 
 def test_a_copy_that_does_not_change_is_not_added():
