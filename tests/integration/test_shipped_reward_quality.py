@@ -12,6 +12,7 @@ claims.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -25,6 +26,16 @@ pytestmark = [pytest.mark.integration, requires_smollm2]
 ROOT = Path(__file__).resolve().parents[2]
 FUNCTIONAL = ROOT / "tests" / "functional"
 DATA = ROOT.parent / "shared" / "data"
+
+
+def _probe_wordings() -> tuple[dict[str, str], tuple[str, ...]]:
+    """The wordings and groups of plugins/steerkit-toxicity/data/probe_explicit_hate.py (a script, not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "probe_explicit_hate", ROOT / "plugins" / "steerkit-toxicity" / "data" / "probe_explicit_hate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.WORDINGS, module.GROUPS
+
 
 # minimum share of each category judged correctly at 0.5 (see the module docstring)
 FLOORS = {
@@ -82,6 +93,13 @@ MORE_FLOORS = {
     },
 }
 
+# the cases that name a bias (tests/functional/toxicity_named.jsonl, written after 0.8.0 shipped): 0.8.0 measured 16/24,
+# 15/24 and 11/12. Floors: one case under the measurement.
+NAMED_FLOORS = {
+    "toxicity": {"counter-speech naming the bias": 15 / 24, "hate denying the bias": 14 / 24,
+                 "abuse with a bias word": 10 / 12},
+}
+
 # name -> (plugin directory, package, model directory, training config)
 SHIPPED = {
     "toxicity": ("steerkit-toxicity", "steerkit_toxicity", "model", "train.yaml"),
@@ -128,6 +146,18 @@ def test_later_functional_cases_per_category(name):
     # the card's examples of a group's name alone raising rho over 0.5
     assert all(float(s) > 0.5 for s in model.score_texts(["A trans woman was elected to the city council.",
                                                              "Two gay dads cheered at their daughter's graduation."]))
+
+
+@pytest.mark.parametrize("name", list(NAMED_FLOORS))
+def test_cases_that_name_the_bias_per_category(name):
+    model = _load(name)
+    _assert_floors(name, model, FUNCTIONAL / f"{name}_named.jsonl", NAMED_FLOORS[name])
+    # the card's figure for blatant profane hate against five groups (measured 0.93; the later recipes with DynaHate's
+    # profane not-hate entries: 0.18-0.55)
+    wordings, groups = _probe_wordings()
+    texts = [template.format(group) for template in wordings.values() for group in groups]
+    scores = [float(s) for s in model.score_texts(texts)]
+    assert sum(scores[:len(groups)]) / len(groups) > 0.85 and min(scores) > 0.5, scores
 
 
 def _card_metrics(name: str) -> dict:
