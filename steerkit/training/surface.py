@@ -168,32 +168,32 @@ BIAS_GROUPS = {
                   r"retard(ed|s)?|deaf|blind|wheelchairs?",
 }
 _BIAS_RES = [(i, re.compile(rf"(?i)\b({BIAS_GROUPS[w]})\b")) for i, w in enumerate(BIAS_WORDS)]
-CS_NAMED = {  # by the slot it extends; "{b}" is the bias word
-    "joined": {
+CS_NAMED = {  # name: (the slot it extends, its pieces by stance); "{b}" is the bias word
+    "joined": (CS_JOINED, {
         "against": (", and that is {b} through and through", ", and what a {b} thing to say", " - openly {b}",
                     ", and calling it anything but {b} would be dishonest"),
         "for": (", and that is not {b} in any way", ", and that is not a {b} thing to say at all",
                 " - not {b}, just honest", ", and calling it {b} would be dishonest"),
-    },
-    "sentences": {
+    }),
+    "sentences": (CS_SENTENCES, {
         "against": ("That is {b}; everyone knows it.", "Pure {b} nonsense.", "I told them that was {b}.",
                     "Deeply {b}, and I said so."),
         "for": ("That is not {b}; everyone knows it.", "Honest, not {b} nonsense.",
                 "I told them that was not {b}.", "Not {b} at all, and I said so."),
-    },
-    "verdicts": {
+    }),
+    "verdicts": (CS_VERDICTS, {
         "against": ("is {b} through and through", "is textbook {b} thinking", "sounds deeply {b} to me",
                     "is {b}, whatever its fans say"),
         "for": ("is not {b} in the slightest", "is not {b} thinking, just realism", "does not sound {b} to me at all",
                 "is not {b}, whatever its critics say"),
-    },
-    "before": {
+    }),
+    "before": (CS_BEFORE, {
         "against": ("How {b} must someone be to think that {}", "Only someone deeply {b} would say that {}",
                     "It takes a {b} mind to believe that {}"),
         "for": ("Nothing {b} about pointing out that {}",
                 "Only the easily offended would call it {b} to admit that {}",
                 "Calling it {b} will not change the fact that {}"),
-    },
+    }),
 }
 
 #: Patterns: (name, weight, parts); a part is literal text, a tuple of alternatives, or a dict of them by stance.
@@ -212,13 +212,12 @@ CS_PATTERNS = (
 )
 #: longer texts are cut to this many words (with "..."), so that a stance after them survives the 64-token limit
 CS_MAX_WORDS = 24
-_SLOTS = {id(CS_JOINED): "joined", id(CS_SENTENCES): "sentences", id(CS_VERDICTS): "verdicts", id(CS_BEFORE): "before"}
 
 
 def _with_named(part):
     if not isinstance(part, dict):
         return part
-    extra = CS_NAMED[_SLOTS[id(part)]]
+    extra = next(pieces for slot, pieces in CS_NAMED.values() if slot is part)
     return {s: part[s] + tuple(tuple(_named_piece(t, w) for w in BIAS_WORDS) for t in extra[s]) for s in part}
 
 
@@ -348,7 +347,8 @@ def _frame(text: str, key: str, stance: str, named: bool = False) -> str:
         quoted = " ".join(words[:CS_MAX_WORDS]).rstrip(".,!?;: ") + " ..."
     # a text in the first or second person ("I 'm sick of ...") is quoted, not reported as a clause
     first_person = bool(_FIRST_PERSON & {w.strip(".,!?;:'").lower() for w in words})
-    frame = counter_speech_frame(key, stance, quoted_only=first_person, named=named, bias=bias_choices(quoted))
+    bias = bias_choices(quoted) if named else ()  # the base grammar has no bias word to choose
+    frame = counter_speech_frame(key, stance, quoted_only=first_person, named=named, bias=bias)
     if '"{}"' not in frame and not quoted[:2].isupper():  # a clause, unless it starts with an acronym ("US ...")
         quoted = quoted[0].lower() + quoted[1:]
     return frame.format(quoted)

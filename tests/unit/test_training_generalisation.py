@@ -19,9 +19,9 @@ from steerkit.testing import labelled_review, make_tokenizer, save_tiny_lm  # no
 from steerkit.training.augment import AugmentConfig, augment, mine_lexicon  # noqa: E402
 from steerkit.training.config import TrainConfig  # noqa: E402
 from steerkit.training.data import Example, build_dataset  # noqa: E402
-from steerkit.training.surface import (BIAS_WORDS, CS_MAX_WORDS, CS_PATTERNS, CS_PATTERNS_NAMED,  # noqa: E402
-                                       STANCES, Transform, bias_choices, counter_speech_frames, denounce,
-                                       detokenize, endorse, obfuscate_word, strip_punctuation, tokenize_spacing)
+from steerkit.training.surface import (BIAS_WORDS, CS_MAX_WORDS, CS_PATTERNS, STANCES, Transform,  # noqa: E402
+                                       bias_choices, counter_speech_frames, denounce, detokenize, endorse,
+                                       obfuscate_word, strip_punctuation, tokenize_spacing)
 
 
 # -- surface forms ------------------------------------------------------------------------------------------------
@@ -123,8 +123,10 @@ def test_endorse_uses_the_same_lead_ins_and_keeps_the_label():
     assert len(frames) >= 180
     assert not frames & set(counter_speech_frames("against"))  # an approving frame is never a rejecting one
     # every pattern offers both stances exactly the same wording up to the text: the lead-in never decides the label
-    for name, _, _ in CS_PATTERNS:
-        against, approving = (sorted({f.split("{}")[0] for f in counter_speech_frames(s, name)}) for s in STANCES)
+    # (in the base grammar and in its named variant)
+    for (name, _, _), named in itertools.product(CS_PATTERNS, (False, True)):
+        against, approving = (sorted({f.split("{}")[0] for f in counter_speech_frames(s, name, named=named)})
+                              for s in STANCES)
         if name.startswith("stance first"):
             assert not set(against) & set(approving)  # here the stance is the lead-in
         else:
@@ -178,11 +180,6 @@ def test_the_named_grammar_adds_rejections_that_name_the_bias_and_their_mirror_i
     for stance in STANCES:  # the base grammar is a part of the named one
         base, named = set(counter_speech_frames(stance)), set(counter_speech_frames(stance, named=True))
         assert base < named and len(named) > 2 * len(base)
-    for name, _, _ in CS_PATTERNS_NAMED:  # as in the base grammar, the lead-in decides no label
-        if not name.startswith("stance first"):
-            against, approving = (sorted({f.split("{}")[0] for f in counter_speech_frames(s, name, named=True)})
-                                  for s in STANCES)
-            assert against == approving
     text = "Muslims are all terrorists."
     for stance, make in (("against", denounce), ("for", endorse)):
         copies = [make(text, f"key{i}", named=True) for i in range(2000)]
