@@ -186,6 +186,13 @@ def _training_data_lines(config: TrainConfig, metrics: dict) -> list[str]:
         out.append(f"| {stats['name']} | `{shown_path(stats['path'], config)}` | {stats['used']} | {stats['train']} | {stats['dev']} | "
                    f"{stats.get('augmented', 0)} | {stats['skipped']} | {stats['duplicates']} | {weight:g} | {licence} |")
     out.append("")
+    filtered = [(stats, by_name[stats["name"]]) for stats in metrics.get("data", [])
+                if stats["name"] in by_name and by_name[stats["name"]].keep_matching]
+    for stats, source in filtered:
+        out.append(f"- {stats['name']}: only rows whose text matches `{source.keep_matching}` (case-insensitive); "
+                   f"{stats.get('filtered', 0)} other valid rows left out.")
+    if filtered:
+        out.append("")
     out += augmentation_lines(config, metrics.get("augmentation") or {})
     if config.eval:
         out += ["Held-out test files (texts also present in training files were removed from training):", ""]

@@ -202,9 +202,11 @@ class TrainConfig(ValidatedConfig):
         for key in ("data", "eval"):
             payload[key] = [{k: v for k, v in d.items() if k not in {"name", "licence", "relative_to"}}
                             for d in payload[key]]
-            for d in payload[key]:  # a transform without a clip fingerprints as before there was one
+            for d in payload[key]:  # a transform without a clip (a source without a filter) fingerprints as before
                 if not d["transform"]["clip"]:
                     del d["transform"]["clip"]
+                if d["keep_matching"] is None:
+                    del d["keep_matching"]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

@@ -45,6 +45,7 @@ class SourceStats:
     path: str
     rows: int = 0  # rows read from the file
     skipped: int = 0  # invalid rows skipped (skip_invalid)
+    filtered: int = 0  # valid rows that keep_matching left out
     used: int = 0  # rows kept after limit
     duplicates: int = 0
     train: int = 0
@@ -206,6 +207,9 @@ def read_source(source: DataSource, index: int, data_root: Path | None, seed: in
                 continue
             raise DataError(f"{path}:{number}: {problem}. "
                             "Fix the row, or set `skip_invalid: true` for this source to drop such rows.")
+        if not source.keeps(raw_text):
+            stats.filtered += 1
+            continue
         text = raw_text
         for old, new in source.replace.items():
             text = text.replace(old, new)
@@ -219,7 +223,8 @@ def read_source(source: DataSource, index: int, data_root: Path | None, seed: in
             raise DataError(f"{path}:{number}: text is empty after the `replace` substitutions.")
         examples.append(Example(text.strip(), label, index, number, category))
     if not examples:
-        raise DataError(f"{path}: no usable rows ({stats.rows} read, {stats.skipped} skipped as invalid).")
+        kept = f", {stats.filtered} not matching keep_matching {source.keep_matching!r}" if stats.filtered else ""
+        raise DataError(f"{path}: no usable rows ({stats.rows} read, {stats.skipped} skipped as invalid{kept}).")
     if source.limit is not None and len(examples) > source.limit:
         # the lowest hashes of (seed, file, line): two views of one file with the same limit keep the same lines
         scores = [unit_hash(f"{seed}:limit:{source.path}:{ex.line}") for ex in examples]

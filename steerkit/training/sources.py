@@ -6,10 +6,11 @@ range such as [-4, 4], ``binary`` threshold, ``invert``). :mod:`steerkit.trainin
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import DataError
 from .surface import Transform
@@ -103,6 +104,9 @@ class DataSource(BaseModel):
     weight: float = Field(default=1.0, gt=0, description="Sampling weight: each epoch draws weight x rows from this source")
     limit: int | None = Field(default=None, ge=1, description="Use at most this many rows (seeded sample)")
     skip_invalid: bool = Field(default=False, description="Skip rows with an empty text or an invalid label instead of failing")
+    keep_matching: str | None = Field(
+        default=None, min_length=1, description="A regular expression (Python syntax, case-insensitive): keep only "
+        "rows whose text, as read, contains a match; the others are counted as filtered, not as invalid")
     max_length: int | None = Field(default=None, ge=2, description="Token limit for this source (evaluation sets)")
     replace: dict[str, str] = Field(default={}, description="Literal replacements in the text, e.g. {'<br />': ' '}")
     group: str | None = Field(default=None, description="Sources with the same group are pooled in metrics "
@@ -114,6 +118,20 @@ class DataSource(BaseModel):
                                         "it is read (e.g. a detokenized view of a tokenized test set)")
     by: str | None = Field(default=None, description="Evaluation sets: also report metrics per value of this "
                            "column / dotted path (e.g. the category of a functional test case)")
+
+    @field_validator("keep_matching")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value, re.IGNORECASE)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression ({exc}); write it in Python's `re` syntax") from None
+        return value
+
+    def keeps(self, text: str) -> bool:
+        """Whether ``keep_matching`` (if set) keeps this row's text."""
+        return self.keep_matching is None or re.search(self.keep_matching, text, re.IGNORECASE) is not None
 
     @model_validator(mode="after")
     def _one_label(self):

@@ -123,6 +123,45 @@ def test_skip_invalid_drops_and_counts_bad_rows(tmp_path):
     assert stats.skipped == 2 and stats.skip_reasons == {"text empty": 1, "label missing": 1}
 
 
+def test_keep_matching_keeps_only_matching_rows_and_counts_the_rest(tmp_path):
+    path = write(tmp_path, "k.csv", "text,label\nWomen are great,0\nwhat a day,0\n,0\nthe WOMEN's team,1\n"
+                 "womenswear sale,0\n")
+    ex, stats = read(path, keep_matching=r"\bwom[ae]n\b", skip_invalid=True)
+    assert [(e.text, e.label, e.line) for e in ex] == [("Women are great", 0.0, 2), ("the WOMEN's team", 1.0, 5)]
+    assert (stats.rows, stats.used, stats.skipped, stats.filtered) == (5, 2, 1, 2)
+    assert stats.skip_reasons == {"text empty": 1}
+    # matched on the text as read, before `replace` rewrites it
+    ex, _ = read(path, keep_matching="women are", replace={"Women are": "They are"}, skip_invalid=True)
+    assert [e.text for e in ex] == ["They are great"]
+    # the model card says which rows a filtered source kept
+    from steerkit.training.card import render_card
+
+    config = TrainConfig.from_dict({"output_dir": str(tmp_path / "out"), "data": [
+        {"path": str(path), "label": "label", "name": "k", "keep_matching": r"\bwom[ae]n\b", "skip_invalid": True}]})
+    _, stats = read_source(config.data[0], 0, None)
+    card = render_card(config, {"eval": {}, "training": {}, "data": [{**vars(stats)}]})
+    assert "- k: only rows whose text matches `\\bwom[ae]n\\b` (case-insensitive); 2 other valid rows left out." in card
+    with pytest.raises(DataError, match=r"no usable rows \(5 read, 1 skipped as invalid, 4 not matching "
+                       r"keep_matching 'zebra'\)"):
+        read(path, keep_matching="zebra", skip_invalid=True)
+
+
+def test_keep_matching_that_does_not_compile_names_the_field(tmp_path):
+    path = write(tmp_path, "c.yaml", "output_dir: out\ndata:\n  - path: a.csv\n    label: y\n"
+                 "    keep_matching: '(women'\n")
+    with pytest.raises(ConfigError, match=r"data\.0\.keep_matching.*not a valid regular expression"):
+        TrainConfig.from_file(path)
+
+
+def test_a_source_without_keep_matching_fingerprints_as_before(tmp_path):
+    path = write(tmp_path, "c.yaml", "output_dir: out\ndata:\n  - path: a.csv\n    label: y\n")
+    plain = TrainConfig.from_file(path)
+    filtered = plain.model_copy(update={"data": [plain.data[0].model_copy(update={"keep_matching": "a"})]})
+    assert filtered.run_fingerprint() != plain.run_fingerprint()
+    # computed before the field existed: an unset filter leaves every earlier run's checkpoints resumable
+    assert plain.run_fingerprint() == "21d12026a22aa27b5c50ddcea596ecc8c04624d3dd96973b9ea4595fbb57fed8"
+
+
 def test_bad_row_in_a_later_file_fails_before_anything_is_trained(tmp_path):
     good = write(tmp_path, "good.csv", "text,label\na,1\nb,0\n")
     bad = write(tmp_path, "bad.csv", "text,label\na,1\nb,2\n")
