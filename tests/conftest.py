@@ -123,6 +123,13 @@ def _output_is_not_a_terminal(monkeypatch):
     yield
 
 
+@pytest.fixture
+def config_names_its_data_root(monkeypatch):
+    """For a test whose training config names its own data_root: STEERKIT_DATA_ROOT, which a shell running the suite
+    against real data exports, overrides a config's data_root (in-process and in the CLI processes it starts)."""
+    monkeypatch.delenv("STEERKIT_DATA_ROOT", raising=False)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """Every test starts with one torch thread (the console script, run in-process, may choose another)."""

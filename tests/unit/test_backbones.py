@@ -226,7 +226,7 @@ def test_lora_on_a_backbone_without_known_projections_asks_for_targets(tokenizer
         resolve_lora(LoraSettings(), rm.backbone)
 
 
-def test_steerkit_train_on_a_gpt2_backbone(gpt2_dir, tmp_path):
+def test_steerkit_train_on_a_gpt2_backbone(gpt2_dir, tmp_path, config_names_its_data_root):
     pytest.importorskip("peft")
     words = (["I hate it", "terrible and awful", "stupid thing"], ["I love this movie", "wonderful friend", "so much fun"])
     with open(tmp_path / "reviews.jsonl", "w", encoding="utf-8") as fh:

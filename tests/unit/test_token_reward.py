@@ -234,7 +234,7 @@ def test_one_steering_config_composes_a_token_and_a_sequence_reward_directory(tm
     assert isinstance(terms[1].reward, RewardModelScorer) and terms[1].is_sequence_reward
 
 
-def test_data_from_takes_the_data_recipe_of_another_config(tmp_path):
+def test_data_from_takes_the_data_recipe_of_another_config(tmp_path, config_names_its_data_root):
     from steerkit.training import TrainConfig
 
     (tmp_path / "train.yaml").write_text("output_dir: seq\ndata_root: data\ndev_fraction: 0.2\n"

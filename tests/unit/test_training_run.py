@@ -16,17 +16,11 @@ import torch
 from safetensors.torch import load_file
 
 pytest.importorskip("peft")
+pytestmark = pytest.mark.usefixtures("config_names_its_data_root")
 
 from steerkit.testing import labelled_review, make_tokenizer, save_tiny_lm  # noqa: E402
-from steerkit.training.config import DATA_ROOT_ENV  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def _config_names_the_data_root(monkeypatch):
-    """These configs name their data_root, which STEERKIT_DATA_ROOT would override (here and in the CLI's process)."""
-    monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
 
 
 @pytest.fixture(scope="module")
