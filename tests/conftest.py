@@ -127,7 +127,9 @@ def _output_is_not_a_terminal(monkeypatch):
 def config_names_its_data_root(monkeypatch):
     """For a test whose training config names its own data_root: STEERKIT_DATA_ROOT, which a shell running the suite
     against real data exports, overrides a config's data_root (in-process and in the CLI processes it starts)."""
-    monkeypatch.delenv("STEERKIT_DATA_ROOT", raising=False)
+    from steerkit.training.config import DATA_ROOT_ENV
+
+    monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
 
 
 @pytest.fixture(autouse=True)
