@@ -223,8 +223,8 @@ def read_source(source: DataSource, index: int, data_root: Path | None, seed: in
             raise DataError(f"{path}:{number}: text is empty after the `replace` substitutions.")
         examples.append(Example(text.strip(), label, index, number, category))
     if not examples:
-        kept = f", {stats.filtered} not matching keep_matching {source.keep_matching!r}" if stats.filtered else ""
-        raise DataError(f"{path}: no usable rows ({stats.rows} read, {stats.skipped} skipped as invalid{kept}).")
+        unmatched = f", {stats.filtered} not matching keep_matching {source.keep_matching!r}" if stats.filtered else ""
+        raise DataError(f"{path}: no usable rows ({stats.rows} read, {stats.skipped} skipped as invalid{unmatched}).")
     if source.limit is not None and len(examples) > source.limit:
         # the lowest hashes of (seed, file, line): two views of one file with the same limit keep the same lines
         scores = [unit_hash(f"{seed}:limit:{source.path}:{ex.line}") for ex in examples]
