@@ -3,20 +3,22 @@
 # root; what it writes goes to $OUT, default ./gpu-checks). It needs:
 #   .whl/  the wheels the machine lacks (pydantic and its dependencies for its Python), installed to /tmp/site;
 #   .gpu/  SmolLM2-135M-Instruct's config.json and tokenizer files (the benchmarks' --random-weights --template).
-# Each step has its own time limit, so that a hang costs one step, not the call:
+# Each step has its own time limit, so that a hang costs one step, not the call (they add up to 570 s; at most 7 files
+# come back, within the device tool's 8):
 #   1. tests/unit/test_cuda_graphs.py: compiled generate gives the eager tokens on CUDA, the graphs replay;
-#   2. bench_gpu.py --sync-debug: every line that makes the host wait for the GPU in a compiled step;
-#   3. bench_compile_payback.py on CUDA from a cold cache: compile time and payback (steerkit.compiling's CUDA entry);
-#   4. bench_gpu.py, 25 rows, eager and compiled: the issue's throughput figure.
-# Usage on the device: bash benchmarks/gpu_checks.sh [QUICK=1 skips step 4]
+#   2. bench_gpu.py at 25 rows, eager and compiled, plain and both toxicity rewards: the issue's throughput figure;
+#      then, in the same process (its shapes compiled), --sync-debug (every line of a compiled `toxicity` step that
+#      makes the host wait for the GPU) and --profile (cProfile of one compiled generate);
+#   3. bench_compile_payback.py on CUDA from a cold cache: compile time and payback (steerkit.compiling's CUDA entry).
+# Usage on the device: bash benchmarks/gpu_checks.sh [QUICK=1 skips step 3]
 set -u
 OUT=${OUT:-gpu-checks}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    > "$OUT/pip.txt" 2>&1
-export PYTHONPATH=/tmp/site:$PWD
+    > "$OUT/gpu.txt" 2>&1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export STEERKIT_CACHE=${STEERKIT_CACHE:-/tmp/steerkit-cache}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >> "$OUT/gpu.txt" 2>&1
 python3 -c "import torch, transformers; print(torch.__version__, transformers.__version__)" >> "$OUT/gpu.txt" 2>&1
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, keep its output and exit status
@@ -27,15 +29,13 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep its output and 
     echo "$name: exit $? after $((SECONDS - start)) s" | tee -a "$OUT/steps.txt"
 }
 
-step pytest_cuda_graphs 180 python3 -m pytest tests/unit/test_cuda_graphs.py -p no:cacheprovider -p no:logging \
+step pytest_cuda_graphs 170 python3 -m pytest tests/unit/test_cuda_graphs.py -p no:cacheprovider -p no:logging \
     --tb=short -q -rs
-step sync_debug 150 python3 benchmarks/bench_gpu.py --device cuda --random-weights --template .gpu --sync-debug \
-    --rows 25 --rewards toxicity --modes compiled --repeats 1 --tokens 32 --out "$OUT/bench_gpu_sync.json"
-step compile_payback 200 python3 benchmarks/bench_compile_payback.py --device cuda --cold --random-weights \
-    --template .gpu --reward plugins/steerkit-toxicity/steerkit_toxicity/model --prompts 4 \
-    --out "$OUT/bench_compile_payback_gpu.json"
+step bench_gpu 250 python3 benchmarks/bench_gpu.py --device cuda --random-weights --template .gpu --rows 25 \
+    --rewards plain toxicity-token toxicity --modes eager compiled --sync-debug --profile --out "$OUT/bench_gpu.json"
 if [ "${QUICK:-0}" != 1 ]; then
-    step bench_gpu 240 python3 benchmarks/bench_gpu.py --device cuda --random-weights --template .gpu --rows 25 \
-        --modes eager compiled --out "$OUT/bench_gpu.json"
+    step compile_payback 150 python3 benchmarks/bench_compile_payback.py --device cuda --cold --random-weights \
+        --template .gpu --reward plugins/steerkit-toxicity/steerkit_toxicity/model --prompts 4 \
+        --out "$OUT/bench_compile_payback_gpu.json"
 fi
 tail -n 3 "$OUT"/*.txt

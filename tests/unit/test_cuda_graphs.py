@@ -12,7 +12,7 @@ import steerkit
 from steerkit import compiling
 from steerkit.compiling import _cloned, _Graph, compiled_step
 from steerkit.rewards.sequence.scorer import RewardModelScorer
-from steerkit.rewards.sequence.static_cache import compiled_scoring
+from steerkit.rewards.sequence.static_cache import compiled_keep, compiled_scoring
 from steerkit.rewards.token.session import TokenReward, compiled_commit
 from steerkit.steering import SteeringTerm
 from steerkit.testing import tiny_lm, tiny_reward, tiny_token_reward
@@ -96,3 +96,6 @@ def test_compiled_generate_on_cuda_replays_graphs_and_gives_the_eager_tokens(kin
     assert lm_graphs and sum(g.replays for g in lm_graphs) >= 20  # the last run's steps after the first
     reward_graphs = [g for g in steps(model).graphs.values() if g is not None]
     assert reward_graphs and sum(g.replays for g in reward_graphs) >= 20
+    if kind == "sequence":  # the commit (the chosen candidate's KV copied out of the scratch) is captured too
+        keep_graphs = [g for g in compiled_keep(model).graphs.values() if g is not None]
+        assert keep_graphs and sum(g.replays for g in keep_graphs) >= 20

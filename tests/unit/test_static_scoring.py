@@ -18,7 +18,8 @@ from tiny import make_tokenizer, tiny_lm, tiny_reward, tiny_token_reward
 import steerkit
 from steerkit.assembly import assemble, compiled_reward
 from steerkit.rewards.sequence.scorer import RewardModelScorer
-from steerkit.rewards.sequence.static_cache import MIN_PREFIX, StaticScoringCache, compiled_scoring, scratch_bucket
+from steerkit.rewards.sequence.static_cache import (MIN_PREFIX, StaticScoringCache, compiled_keep, compiled_scoring,
+                                                   scratch_bucket)
 from steerkit.rewards.static_kv import supports_static
 from steerkit.rewards.token.session import TokenReward
 from steerkit.rewards.token.session import StaticTokenSession, compiled_commit
@@ -45,6 +46,8 @@ def test_compiled_scoring_matches_scoring_from_scratch(steerkit_cache, compiled_
     assert joins >= 2 and leaves >= 1
     shapes = compiled_scoring(compiled_rm).shapes
     assert shapes and {shape[2] for shape in shapes} == {"8 candidate tokens"}, shapes
+    shapes = compiled_keep(compiled_rm).shapes  # the commit ran compiled too: one token per block
+    assert shapes and {shape[2] for shape in shapes} == {"1 token(s)"}, shapes
 
 
 def test_a_shape_compiles_once(steerkit_cache, compiled_rm, tokenizer, capfd):

@@ -60,6 +60,23 @@ def compiled_scoring(model):
                           lambda m: CompiledStep(m, _rewards_of(m), what="a reward's candidate scoring"))
 
 
+def keep_columns(static, scratch: torch.Tensor, columns: torch.Tensor) -> None:
+    """Copy columns ``scratch`` [slots, m] of every row to ``columns`` [m], in each key and value tensor of the
+    ``StaticCache`` ``static``: a gather and an index copy per tensor (every tensor has the same shape, so one gather
+    index serves them all)."""
+    where = column_index(scratch, static.layers[0].keys)
+    for layer in static.layers:
+        for t in (layer.keys, layer.values):
+            t.index_copy_(2, columns, t.gather(2, where))
+
+
+def compiled_keep(model):
+    """:func:`keep_columns` compiled for ``model``'s caches, made once per model object and process: the commit of a
+    compiled session, one CUDA graph on a GPU instead of two kernel launches per layer and tensor."""
+    return converted_copy(model, "compiled reward commit",
+                          lambda m: CompiledStep(m, keep_columns, what="a reward's commit"))
+
+
 class StaticScoringCache(SharedPrefixCache):
     """A reward model's KV over B rows in a :class:`~steerkit.rewards.static_kv.StaticKV` (:attr:`kv`) of
     ``prefix + scratch`` columns, its block scoring compiled (``compiled=False``: the same layout, run eagerly;
@@ -71,6 +88,7 @@ class StaticScoringCache(SharedPrefixCache):
         self.kv = StaticKV(model)
         super().__init__(input_ids.shape[0], self.kv.device)
         self.compiled = compiled_scoring(model) if compiled else None
+        self.compiled_keep = compiled_keep(model) if compiled else None
         self.prefix = self.scratch = 0
         self._blocks = False  # True while score_blocks runs its forward (the compiled one)
         self.append(input_ids, attention_mask)
@@ -129,14 +147,14 @@ class StaticScoringCache(SharedPrefixCache):
         scratch = index - T + self.prefix
         if B < self.kv.slots:  # the padding slots copy their column `prefix` to columns no row reads
             scratch = torch.cat([scratch, scratch.new_full((self.kv.slots - B, m), self.prefix)])
-        # two operations per tensor (a gather, an index copy over every slot), not a slice-gather-copy per row range:
-        # on a GPU each is a kernel launch from the host (benchmarks/count_step_ops.py). Every tensor of a StaticKV
-        # has the same shape, so one gather index serves them all.
+        # one compiled call (a compiled session's), or two operations per tensor: on a GPU each is a kernel launch
+        # from the host (benchmarks/count_step_ops.py)
         columns = torch.arange(T, T + m, device=scratch.device)
-        where = column_index(scratch, self.static.layers[0].keys)
-        for layer in self.static.layers:
-            for t in (layer.keys, layer.values):
-                t.index_copy_(2, columns, t.gather(2, where))
+        if self.compiled_keep is None:
+            keep_columns(self.static, scratch, columns)
+        else:
+            shape = (f"{self.kv.slots} row(s)", f"{self.kv.width} columns", f"{m} token(s)")
+            self.compiled_keep(shape, dict(static=self.static, scratch=scratch, columns=columns))
 
     def _truncate(self, keep: int) -> None:
         pass  # columns past `keep` are no longer in the mask; the next extension writes over them
