@@ -44,8 +44,9 @@ REWARDS = {"plain": {}, "toxicity-token": {str(MODELS / "model_token"): -20.0},
 LM = "smollm2-135m-instruct"
 #: eager: the eager engine; compiled-lm: the LM's compiled step, the rewards eager (only rows with a reward,
 #: elsewhere it is "compiled"); compiled: assemble(compile=True), the LM's step and the sequence reward's candidate
-#: scoring compiled
-MODES = {"eager": False, "compiled-lm": True, "compiled": True}
+#: scoring compiled; compiled-eager-commit: "compiled" with the sequence reward's commit eager (only rows with
+#: ``toxicity``; steerkit.rewards.sequence.static_cache.COMPILE_COMMIT)
+MODES = {"eager": False, "compiled-lm": True, "compiled": True, "compiled-eager-commit": True}
 
 
 def random_weights_entry(template: Path) -> None:
@@ -134,6 +135,7 @@ def main() -> None:
               "matmul_precision": torch.get_float32_matmul_precision(), "threads": args.threads,
               "load_average_before": os.getloadavg(), "rows": []}
     import steerkit.compiling as compiling
+    from steerkit.rewards.sequence import static_cache
 
     result["cuda_graphs"] = args.cuda_graphs
     runs = [(mode, None) for mode in args.modes if mode == "eager"]
@@ -145,13 +147,15 @@ def main() -> None:
         for rows in args.rows:
             prompts = [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" ({i})") for i in range(rows)]
             for name in args.rewards:
-                if mode == "compiled-lm" and name == "plain":
+                if (mode == "compiled-lm" and name == "plain") or (mode == "compiled-eager-commit"
+                                                                   and name != "toxicity"):
                     continue
+                static_cache.COMPILE_COMMIT = mode != "compiled-eager-commit"
                 try:
                     assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=MODES[mode])
                     if mode == "compiled-lm":
                         assembled.terms = assemble(LM, REWARDS[name], k=20, device=args.device).terms
-                    elif mode == "compiled" and args.static_rewards:
+                    elif mode != "eager" and args.static_rewards:
                         assembled.terms = [dataclasses.replace(t, reward=t.reward.compiled_form(compiled=True))
                                            for t in assembled.terms]
                     first, _, texts = run(assembled, prompts, args.tokens)
@@ -189,6 +193,7 @@ def main() -> None:
     def warmed_up():
         """The largest batch with the last reward, compiled (the first --cuda-graphs way), after one untimed run."""
         compiling.CUDA_GRAPHS = args.cuda_graphs[0]
+        static_cache.COMPILE_COMMIT = True
         rows, name = max(args.rows), args.rewards[-1]
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
         assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=True)

@@ -38,6 +38,9 @@ from ..static_kv import MIN_COLUMNS, StaticKV
 MIN_PREFIX = MIN_COLUMNS
 #: Scratch columns come in multiples of this (k = 20 single-token candidates: 24 columns).
 SCRATCH_STEP = 8
+#: Whether a compiled session's commit is compiled too (:func:`compiled_keep`); False: its copies run eagerly, what
+#: ``benchmarks/bench_gpu.py``'s ``compiled-eager-commit`` mode compares it with.
+COMPILE_COMMIT = True
 
 
 def scratch_bucket(n: int) -> int:
@@ -88,7 +91,7 @@ class StaticScoringCache(SharedPrefixCache):
         self.kv = StaticKV(model)
         super().__init__(input_ids.shape[0], self.kv.device)
         self.compiled = compiled_scoring(model) if compiled else None
-        self.compiled_keep = compiled_keep(model) if compiled else None
+        self.compiled_keep = compiled_keep(model) if compiled and COMPILE_COMMIT else None
         self.prefix = self.scratch = 0
         self._blocks = False  # True while score_blocks runs its forward (the compiled one)
         self.append(input_ids, attention_mask)
