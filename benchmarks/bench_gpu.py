@@ -114,6 +114,9 @@ def main() -> None:
                         help="compiled rows run the torch rewards' static, compiled sessions on any device (compile=True "
                              "uses them on CUDA only): the CPU comparison in docs/performance.md")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: as docs/performance.md)")
+    parser.add_argument("--matmul-precision", default="highest", choices=["highest", "high"],
+                        help="torch.set_float32_matmul_precision for every row (high: TF32 products on a GPU that "
+                             "has them; highest, steerkit's default: float32)")
     parser.add_argument("--random-weights", action="store_true")
     parser.add_argument("--template", type=Path, help="config and tokenizer files of the LM (--random-weights)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_gpu.json")
@@ -125,6 +128,7 @@ def main() -> None:
 
     set_threads(args.threads)
     torch.set_num_threads(args.threads)
+    torch.set_float32_matmul_precision(args.matmul_precision)
     if args.random_weights:
         random_weights_entry(args.template)
     from steerkit.assembly import assemble
