@@ -43,11 +43,11 @@ CUDA_GRAPHS = "manual"
 
 #: Decode steps of one job after which compiling steerkit's step has paid for its compile time, per device type,
 #: measured at ``steerkit eval``'s batch (25 rows, ``toxicity`` at k = 20; docs/performance.md, "When compiling
-#: pays"). One H100 (bench_gpu.py, run 5): about 60 s to compile the LM's and the reward's step from scratch, and a
-#: step 37 ms faster (46.2 -> 8.9 ms): 1,600 steps. This CPU (bench_compile_payback.py): the compiled step was slower
-#: at 25 rows (564 against 499 ms; on a CPU the sequence reward stays eager), so no CPU entry: a CPU never compiles
-#: by itself. A device type not listed does not either.
-COMPILE_PAYS_AFTER_STEPS = {"cuda": 1600}
+#: pays"). One H200 (bench_compile_payback.py from a cold inductor cache, random weights of SmolLM2's shape): 56.1 s
+#: more for the first unit, and a step 46.5 ms faster (58.0 -> 11.5 ms): 1,208 steps, rounded to 1,200. This CPU
+#: (bench_compile_payback.py): the compiled step was slower at 25 rows (564 against 499 ms; on a CPU the sequence
+#: reward stays eager), so no CPU entry: a CPU never compiles by itself. A device type not listed does not either.
+COMPILE_PAYS_AFTER_STEPS = {"cuda": 1200}
 
 
 def compile_pays(device: str | None, steps: int) -> bool:
