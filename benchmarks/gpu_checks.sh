@@ -33,7 +33,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep its output and 
 step pytest_cuda_graphs 170 python3 -m pytest tests/unit/test_cuda_graphs.py -p no:cacheprovider -p no:logging \
     --tb=short -q -rs
 step bench_gpu 250 python3 benchmarks/bench_gpu.py --device cuda --random-weights --template .gpu --rows 25 \
-    --rewards plain toxicity-token toxicity --modes ${MODES:-eager compiled} --sync-debug --profile --out "$OUT/bench_gpu.json"
+    --rewards plain toxicity-token toxicity --modes ${MODES:-eager compiled} --sync-debug --profile \
+    --out "$OUT/bench_gpu.json"
 if [ "${QUICK:-0}" != 1 ]; then
     step compile_payback 150 python3 benchmarks/bench_compile_payback.py --device cuda --cold --random-weights \
         --template .gpu --reward plugins/steerkit-toxicity/steerkit_toxicity/model --prompts 4 \
