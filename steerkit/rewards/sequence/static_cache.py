@@ -17,8 +17,9 @@ positions, pending blocks, rollbacks, rows leaving and joining) on one transform
   position 0 and see only themselves; their rewards are dropped.
 * **Compiled:** the block scoring of a step (the forward over the k candidate blocks) runs through the model's
   :class:`~steerkit.compiling.CompiledStep`, once per (slots, prefix, scratch) shape and process, with the
-  kernels cached on disk as the LM's are; so does the commit's copy of the chosen block (:func:`compiled_keep`). Prefix extensions (the start, a rollback's re-synchronisation, a chunked
-  step's re-run) vary in length and run eagerly on the same tensors.
+  kernels cached on disk as the LM's are; so does the commit's copy of the chosen block (:func:`compiled_keep`).
+  Prefix extensions (the start, a rollback's re-synchronisation, a chunked step's re-run) vary in length and run
+  eagerly on the same tensors.
 
 The rewards are the eager cache's up to floating-point reordering: the same model code, positions and visible
 columns; masked columns contribute nothing (tests/unit/test_static_scoring.py compares them).
