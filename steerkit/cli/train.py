@@ -201,5 +201,23 @@ def _print_metrics(metrics: dict) -> None:
                       f"mean ρ={m['mean_reward']:.3f} acc@50%={m.get('accuracy_at_50pct', float('nan')):.3f}")
 
 
+def average(
+    models: List[Path] = typer.Argument(..., help="Two or more reward-model directories of one recipe (e.g. the "
+                                        "seeds of one training config)."),
+    output: Path = typer.Option(..., "--output", "-o", help="Directory to write the averaged reward model to."),
+    name: Optional[str] = typer.Option(None, "--name", help="Reward name of the average. \\[default: the first "
+                                       "model's]"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a reward model already at --output."),
+):
+    """Average reward models of one recipe into one: the mean of their LoRA updates (exact, as one adapter of the
+    summed rank) and of their heads. Scores like their ensemble to first order, at one model's decode cost."""
+    from ..training.average import average_reward_models
+
+    out = average_reward_models(models, output, name=name, overwrite=overwrite)
+    err.print(f"Averaged {len(models)} reward models; not evaluated: measure it before use (its README.md).")
+    typer.echo(str(out))
+
+
 def register(app: typer.Typer) -> None:
     app.command()(train)
+    app.command()(average)

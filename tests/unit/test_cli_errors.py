@@ -109,6 +109,9 @@ def _cases():
         "calibrate/unknown-reward": ["calibrate", "no-such-reward", "--lm", "{lm}"],
         "calibrate/nan-reward": ["calibrate", "{nan}", "--lm", "{lm}", "--betas", "5", "-t", "2", "-n", "1"],
         # train, eval, export, plugins
+        "average/one-model": ["average", "{rm}", "-o", "{root}/avg"],
+        "average/not-a-model": ["average", "{rm}", "{root}", "-o", "{root}/avg"],
+        "average/existing-output": ["average", "{rm}", "{nan}", "-o", "{root}/notempty"],
         "train/missing-config": ["train", "{root}/nope.yaml"],
         "train/duplicate-keys": ["train", "{root}/dup.yaml"],
         "train/existing-output": ["train", "{root}/train.yaml", "-o", "{root}/notempty"],

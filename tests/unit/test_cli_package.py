@@ -27,7 +27,7 @@ def clean_registry():
 
 def test_every_command_module_registers_its_group():
     names = command_names(build_app())
-    assert {"generate", "score", "setup", "demo", "train", "plugins", "export", "eval"} <= names
+    assert {"generate", "score", "setup", "demo", "train", "average", "plugins", "export", "eval"} <= names
     for module in COMMAND_MODULES:
         assert callable(importlib.import_module(f"steerkit.cli.{module}").register), module
 
