@@ -132,3 +132,25 @@ def test_the_cli_writes_the_average_and_reports_errors(models, tmp_path):
                                                       str(tmp_path / "avg")])
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == str(tmp_path / "avg") and (tmp_path / "avg" / ADAPTER_NAME).is_file()
+
+
+@pytest.mark.parametrize("method", ["head", "full"])
+def test_head_and_full_models_average_element_wise(models, tmp_path, method):
+    _, backbone_dir, _ = models
+    dirs = []
+    for seed in (1, 2):
+        rm = RewardModel.from_backbone(str(backbone_dir), 2, name="tiny")
+        rm.config = rm.config.model_copy(update={"method": method})
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in rm.named_parameters():
+                if name.startswith("head.") or (method == "full" and ".layers." in name):
+                    param.add_(torch.randn(param.shape, generator=generator) * 0.1)
+        dirs.append(rm.eval().save_pretrained(tmp_path / f"{method}{seed}"))
+    out = average_reward_models(dirs, tmp_path / "avg")
+    states = [RewardModel.from_pretrained(d).state_dict() for d in dirs]
+    average = RewardModel.from_pretrained(out).state_dict()
+    assert not torch.allclose(states[0]["head.weight"], states[1]["head.weight"])
+    for key, value in average.items():
+        torch.testing.assert_close(value, (states[0][key] + states[1][key]) / 2, rtol=0, atol=1e-6, msg=key)
+    assert json.loads((out / CONFIG_NAME).read_text())["method"] == method
