@@ -44,15 +44,15 @@ def averaged_config(configs: Sequence[RewardModelConfig], paths: Sequence[Path])
     first = configs[0]
     if first.kind != "sequence":
         raise ConfigError(f"{paths[0]} is a token-level reward model; `steerkit average` averages sequence reward "
-                          "models only (a token head's low-rank factors have no exact average).")
+                          "models only (a low-rank token head's factors have no exact average).")
+    mine = first.model_dump(exclude=_FREE_FIELDS)
     for config, path in zip(configs[1:], paths[1:]):
-        for field, value in first.model_dump().items():
-            other = getattr(config, field)
-            other = other.model_dump() if hasattr(other, "model_dump") else other
-            if field not in _FREE_FIELDS and other != value:
-                raise ConfigError(f"{path} differs from {paths[0]} in {field!r} ({other!r} against {value!r}); "
-                                  "only models of one recipe (the same backbone, layers and settings) can be "
-                                  "averaged.")
+        theirs = config.model_dump(exclude=_FREE_FIELDS)
+        field = next((f for f in mine if theirs[f] != mine[f]), None)
+        if field is not None:
+            raise ConfigError(f"{path} differs from {paths[0]} in {field!r} ({theirs[field]!r} against "
+                              f"{mine[field]!r}); only models of one recipe (the same backbone, layers and settings) "
+                              "can be averaged.")
         if (config.lora is None) != (first.lora is None) or (
                 first.lora is not None and (config.lora.r, config.lora.alpha, config.lora.target_modules)
                 != (first.lora.r, first.lora.alpha, first.lora.target_modules)):
