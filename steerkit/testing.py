@@ -99,6 +99,26 @@ def save_tiny_lm(directory, tokenizer, seed: int = 0, **kw):
     return Path(directory)
 
 
+def random_lora(backbone, settings, seed: int = 0):
+    """``backbone`` wrapped by peft as training wraps it (``settings``: a ``LoraSettings``), with random non-zero A and
+    B factors (a fresh adapter has B = 0, which would hide a wrong merge); needs peft (the ``train`` extra)."""
+    import warnings
+
+    from peft import get_peft_model
+
+    from .rewards.lora import lora_config
+
+    with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x
+        warnings.simplefilter("ignore", FutureWarning)
+        wrapped = get_peft_model(backbone, lora_config(settings, backbone))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in wrapped.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    return wrapped
+
+
 POSITIVE_PHRASES = ["I love this movie", "wonderful friend", "so much fun", "great and happy", "you are wonderful"]
 NEGATIVE_PHRASES = ["I hate it", "terrible and awful", "stupid thing", "this is bad", "awful stupid movie"]
 

@@ -67,7 +67,7 @@ def merge_lora(backbone: nn.Module, settings: LoraSettings, state: dict[str, tor
     if not modules:
         raise RewardModelFormatError(f"{source}: lora.target_modules {settings.target_modules} name no Linear or "
                                      f"Conv1D layer of {type(backbone).__name__}.")
-    factors = _factors(state, source)
+    factors = adapter_factors(state, source)
     stray, missing = sorted(set(factors) - set(modules)), sorted(set(modules) - set(factors))
     if stray or missing:
         raise RewardModelFormatError(
@@ -84,7 +84,7 @@ def merge_lora(backbone: nn.Module, settings: LoraSettings, state: dict[str, tor
     return backbone
 
 
-def _factors(state: dict[str, torch.Tensor], source: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def adapter_factors(state: dict[str, torch.Tensor], source: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """``{module path: (A, B)}`` from peft's adapter keys; any other key, or a lone factor, is refused."""
     found: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in state.items():

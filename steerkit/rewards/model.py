@@ -263,8 +263,7 @@ class RewardModel(nn.Module):
                 f"{directory} is a {config.kind}-level reward model, not a {cls.kind}-level one: load it with "
                 "steerkit.load_reward(directory)" + (" or steerkit.rewards.token.model.TokenRewardModel"
                                                       ".from_pretrained" if config.kind == "token" else "") + ".")
-        required = [HEAD_NAME] + ({"lora": [ADAPTER_NAME], "full": [BACKBONE_NAME]}.get(config.method, []))
-        missing = [f for f in required if not (directory / f).is_file()]
+        missing = [f for f in weight_files(config) if not (directory / f).is_file()]
         if missing:
             raise RewardModelFormatError(
                 f"Reward-model directory {directory} lacks {', '.join(missing)} (method {config.method!r}). "
@@ -308,6 +307,12 @@ class RewardModel(nn.Module):
         except (SafetensorError, OSError) as exc:
             raise RewardModelFormatError(f"Corrupt weights in {directory}: {exc}") from None
         return model.eval()
+
+
+def weight_files(config: RewardModelConfig) -> list[str]:
+    """The weight files a reward-model directory of ``config``'s method holds: the head, and the LoRA adapter or the
+    fine-tuned backbone."""
+    return [HEAD_NAME] + {"lora": [ADAPTER_NAME], "full": [BACKBONE_NAME]}.get(config.method, [])
 
 
 def refuse_empty_rows(config: RewardModelConfig, attention_mask: torch.Tensor, first_index: int = 0) -> None:

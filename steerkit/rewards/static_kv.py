@@ -130,9 +130,9 @@ class StaticKV:
         visible = torch.zeros((slots, 1, queries, self.width), dtype=torch.bool, device=device)
         visible[:B, :, :n, :cached] = allowed[..., :cached]
         visible[:B, :, :n, first:first + n] = allowed[..., cached:]
-        # padding sees itself (no empty softmax row): the diagonal of the new columns, or'ed in as a tensor (an
+        # padding sees itself (no empty softmax row): the diagonal of the new columns, filled in place (one kernel; an
         # indexed assignment of the Python scalar True made the host wait for the GPU on every step)
-        visible[..., first:first + queries] |= torch.eye(queries, dtype=torch.bool, device=device)
+        visible[..., first:first + queries].diagonal(dim1=-2, dim2=-1).fill_(True)
         set_static_write_column(self.static, first)
         return dict(input_ids=padded, attention_mask=additive(visible, self.dtype), position_ids=positions,
                     past_key_values=self.static, use_cache=True,

@@ -14,7 +14,7 @@ Their weights share the frozen backbone, so they can be averaged instead:
 The models must agree on everything but their weights: kind, backbone and its fingerprint, layers, tokenizer, start
 token, output function, LoRA settings. Token-level models are refused: a low-rank token head's factors cannot be
 averaged exactly. The output is written next to its destination and swapped into place, as ``steerkit train`` writes
-(:func:`~steerkit.training.output.install_output`); its card names the models it averages. It is not evaluated here:
+(:func:`~steerkit.training.output.write_model_dir`); its card names the models it averages. It is not evaluated here:
 ``steerkit train``'s metrics belong to each source model, not to their average.
 """
 
@@ -22,15 +22,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from ..errors import ConfigError, RewardModelFormatError
-from ..rewards.model import ADAPTER_NAME, BACKBONE_NAME, CONFIG_NAME, HEAD_NAME
+from ..rewards.lora import KEY_PREFIX, adapter_factors
+from ..rewards.model import ADAPTER_NAME, BACKBONE_NAME, CONFIG_NAME, HEAD_NAME, weight_files
 from ..rewards.model_config import RewardModelConfig, read_config
 
 #: config fields that may differ between the averaged models: the reward name (the average takes ``name`` or the first
@@ -53,9 +52,7 @@ def averaged_config(configs: Sequence[RewardModelConfig], paths: Sequence[Path])
             raise ConfigError(f"{path} differs from {paths[0]} in {field!r} ({theirs[field]!r} against "
                               f"{mine[field]!r}); only models of one recipe (the same backbone, layers and settings) "
                               "can be averaged.")
-        if (config.lora is None) != (first.lora is None) or (
-                first.lora is not None and (config.lora.r, config.lora.alpha, config.lora.target_modules)
-                != (first.lora.r, first.lora.alpha, first.lora.target_modules)):
+        if _lora_shape(config) != _lora_shape(first):
             raise ConfigError(f"{path} differs from {paths[0]} in its LoRA settings ({config.lora} against "
                               f"{first.lora}); only adapters of one rank, alpha and target modules can be averaged.")
     if first.method != "lora":
@@ -65,31 +62,36 @@ def averaged_config(configs: Sequence[RewardModelConfig], paths: Sequence[Path])
                                                                           "alpha": n * first.lora.alpha})})
 
 
+def _lora_shape(config: RewardModelConfig) -> dict | None:
+    """What of a model's LoRA settings its adapter's shape and scale depend on (dropout only acts in training)."""
+    return None if config.lora is None else config.lora.model_dump(exclude={"dropout"})
+
+
+def _same_keys(keys: Sequence, what: str) -> None:
+    """Refuse models whose weight files hold different tensors (``keys``: one set per model)."""
+    for other in keys[1:]:
+        if set(other) != set(keys[0]):
+            raise RewardModelFormatError(f"the models' {what} differ ({sorted(set(keys[0]) ^ set(other))[:3]}); "
+                                         "they are not of one recipe.")
+
+
 def average_tensors(states: Sequence[dict]) -> dict:
     """The element-wise mean of state dicts with the same keys and shapes (float32)."""
-    keys = set(states[0])
-    for state in states[1:]:
-        if set(state) != keys:
-            raise RewardModelFormatError("the models' weight files hold different tensors: "
-                                         f"{sorted(keys ^ set(state))[:3]}; they are not of one recipe.")
-    return {k: sum(s[k].float() for s in states) / len(states) for k in sorted(keys)}
+    _same_keys(states, "weight files")
+    return {k: sum(s[k].float() for s in states) / len(states) for k in sorted(states[0])}
 
 
-def average_adapters(states: Sequence[dict]) -> dict:
-    """One LoRA adapter whose update is the mean of the adapters' updates (see the module's docstring)."""
-    n = len(states)
-    keys = set(states[0])
-    if any(set(s) != keys for s in states[1:]):
-        raise RewardModelFormatError("the models' adapters adapt different modules; they are not of one recipe.")
-    out = {}
-    for key in sorted(keys):
-        parts = [s[key].float() for s in states]
-        if ".lora_A." in key:
-            out[key] = torch.cat(parts, 0).contiguous()  # (n·r) × in
-        elif ".lora_B." in key:
-            out[key] = (torch.cat(parts, 1) / n).contiguous()  # out × (n·r)
-        else:
-            raise RewardModelFormatError(f"the adapter holds {key!r}, which is neither a lora_A nor a lora_B weight.")
+def average_adapters(states: Sequence[dict], sources: Sequence[str]) -> dict:
+    """One LoRA adapter whose update is the mean of the adapters' updates (see the module's docstring); each state
+    is read by the loader's own parser (:func:`~steerkit.rewards.lora.adapter_factors`)."""
+    factors = [adapter_factors(state, source) for state, source in zip(states, sources)]
+    _same_keys(factors, "adapted modules")
+    n, out = len(factors), {}
+    for module in sorted(factors[0]):
+        a = torch.cat([f[module][0].float() for f in factors], 0)  # (n·r) × in
+        b = torch.cat([f[module][1].float() for f in factors], 1) / n  # out × (n·r)
+        out[f"{KEY_PREFIX}{module}.lora_A.weight"] = a.contiguous()
+        out[f"{KEY_PREFIX}{module}.lora_B.weight"] = b.contiguous()
     return out
 
 
@@ -100,7 +102,7 @@ def average_reward_models(directories: Sequence[str | os.PathLike], output: str 
     from safetensors.torch import load_file, save_file
 
     from ..files import atomic_write_text, sha256_file
-    from .output import check_output_dir, install_output
+    from .output import check_output_dir, write_model_dir
 
     paths = [Path(d) for d in directories]
     if len(paths) < 2:
@@ -114,30 +116,26 @@ def average_reward_models(directories: Sequence[str | os.PathLike], output: str 
     config = averaged_config(configs, paths)
     if name is not None:
         config = config.model_copy(update={"name": name})
-    files = [HEAD_NAME] + {"lora": [ADAPTER_NAME], "full": [BACKBONE_NAME]}.get(config.method, [])
+    files = weight_files(config)
     for path in paths:
         for f in files:
             if not (path / f).is_file():
                 raise RewardModelFormatError(f"{path} has no {f}; is it a complete reward-model directory?")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.new."))
-    try:
-        sources = []
-        for path in paths:
-            sources.append({"path": path.name, **{f: sha256_file(path / f) for f in files}})
+
+    def fill(tmp: Path) -> None:
+        sources = [{"path": path.name, **{f: sha256_file(path / f) for f in files}} for path in paths]
         for f in files:
             states = [load_file(str(p / f)) for p in paths]
-            state = average_adapters(states) if f == ADAPTER_NAME else average_tensors(states)
+            state = (average_adapters(states, [str(p / f) for p in paths]) if f == ADAPTER_NAME
+                     else average_tensors(states))
             save_file(state, str(tmp / f))
         metrics = {"averaged_from": sources, "method": "weight average (steerkit average): the mean of the LoRA "
                    "updates as one adapter of rank n·r, the element-wise mean of the head", "models": len(paths)}
         atomic_write_text(tmp / "metrics.json", json.dumps(metrics, indent=2))
         atomic_write_text(tmp / CONFIG_NAME, config.model_dump_json(indent=2))
         atomic_write_text(tmp / "README.md", _card(config, configs[0], sources))
-        install_output(tmp, output, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_model_dir(output, overwrite, fill)
     return output
 
 

@@ -84,37 +84,43 @@ def write_output(model: RewardModel, config: TrainConfig, metrics: dict, *, over
 
     output = Path(config.output_dir)
     check_output_dir(output, overwrite)  # again: something may have appeared there during training
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.new."))
-    try:
+    # the model's LoRA settings have their target modules resolved
+    card = render_card(config.model_copy(update={"lora": model.config.lora or config.lora}), metrics)
+
+    def fill(tmp: Path) -> None:
         model.eval()
         model.save_pretrained(tmp, metrics=metrics)
-        card = render_card(config.model_copy(update={"lora": model.config.lora or config.lora}), metrics)  # resolved targets
         atomic_write_text(tmp / "README.md", card)
         atomic_write_text(tmp / "training_config.json", json.dumps(portable_config(config), indent=2))
-        install_output(tmp, output, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    write_model_dir(output, overwrite, fill)
     if config.card:
         atomic_write_text(Path(config.card), card)
     return output
 
 
-def install_output(tmp: Path, output: Path, overwrite: bool) -> None:
-    """Swap the finished reward-model directory ``tmp`` (made next to ``output``) into place: the old one, which
-    :func:`check_output_dir` must allow again now, is moved aside first and removed only after the swap."""
-    os.chmod(tmp, 0o755)  # mkdtemp/mkstemp create owner-only entries; a model directory is meant to be shared
-    for f in tmp.iterdir():
-        os.chmod(f, 0o644)
-    old = None
-    if output.exists():  # an empty directory or (with overwrite) a reward model: check_output_dir allowed it
-        check_output_dir(output, overwrite)
-        old = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.old."))
-        os.rename(output, old / output.name)
-    os.rename(tmp, output)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def write_model_dir(output: Path, overwrite: bool, fill) -> None:
+    """Write a reward-model directory next to ``output`` (``fill(tmp)`` writes its files), then swap it into place:
+    the old one, which :func:`check_output_dir` must allow again now, is moved aside first and removed only after the
+    swap, so it survives any failure. What ``steerkit train`` and ``steerkit average`` write through."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.new."))
+    try:
+        fill(tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp/mkstemp create owner-only entries; a model directory is meant to be shared
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
+        old = None
+        if output.exists():  # an empty directory or (with overwrite) a reward model: check_output_dir allowed it
+            check_output_dir(output, overwrite)
+            old = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}.old."))
+            os.rename(output, old / output.name)
+        os.rename(tmp, output)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def check_checkpoint_dir(ckpt_dir: Path, output: Path) -> None:

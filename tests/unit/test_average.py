@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import warnings
 
 import pytest
 import torch
@@ -17,10 +16,10 @@ from typer.testing import CliRunner
 pytest.importorskip("peft")  # saving a LoRA reward model as training saves it uses peft
 
 from steerkit.errors import ConfigError, OutputExistsError, RewardModelFormatError  # noqa: E402
-from steerkit.rewards.lora import lora_config, resolve_lora  # noqa: E402
+from steerkit.rewards.lora import resolve_lora  # noqa: E402
 from steerkit.rewards.model import ADAPTER_NAME, CONFIG_NAME, LoraSettings, RewardModel  # noqa: E402
 from steerkit.rewards.token.model import TokenRewardModel  # noqa: E402
-from steerkit.testing import make_tokenizer, save_tiny_lm  # noqa: E402
+from steerkit.testing import make_tokenizer, random_lora, save_tiny_lm  # noqa: E402
 from steerkit.training.average import average_reward_models  # noqa: E402
 
 TEXTS = ["You are a wonderful friend", "I hate it, this is terrible", "12 apples and 3.5 pears"]
@@ -28,19 +27,14 @@ TEXTS = ["You are a wonderful friend", "I hate it, this is terrible", "12 apples
 
 def save_lora_reward(directory, backbone_dir, seed: int, cls=RewardModel, layers: int = 2):
     """A LoRA reward model with random non-zero factors and head (``seed``), saved as training saves it."""
-    from peft import get_peft_model
-
     rm = cls.from_backbone(str(backbone_dir), layers, name="tinylora")
     settings = resolve_lora(LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]), rm.backbone)
     rm.config = rm.config.model_copy(update={"method": "lora", "lora": settings})
-    with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x
-        warnings.simplefilter("ignore", FutureWarning)
-        rm.backbone = get_peft_model(rm.backbone, lora_config(settings, rm.backbone))
+    rm.backbone = random_lora(rm.backbone, settings, seed)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, param in rm.named_parameters():
-            if "lora_" in name or name.startswith("head."):
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+        for param in rm.head.parameters():
+            param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
     rm.eval().save_pretrained(directory)
     return directory
 

@@ -26,24 +26,9 @@ from steerkit.rewards.backbones import truncate  # noqa: E402
 from steerkit.rewards.lora import lora_config, merge_lora, resolve_lora  # noqa: E402
 from steerkit.rewards.model import LoraSettings, RewardModel  # noqa: E402
 from steerkit.rewards.token.model import TokenRewardModel  # noqa: E402
-from steerkit.testing import make_tokenizer, save_tiny_lm, tiny_lm  # noqa: E402
+from steerkit.testing import make_tokenizer, random_lora, save_tiny_lm, tiny_lm  # noqa: E402
 
 TEXTS = ["You are a wonderful friend", "I hate it, this is terrible", "12 apples and 3.5 pears"]
-
-
-def peft_model(backbone, settings: LoraSettings, seed: int = 0):
-    """``backbone`` wrapped by peft as training wraps it, with random non-zero A and B (a fresh adapter has B = 0)."""
-    from peft import get_peft_model
-
-    with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x
-        warnings.simplefilter("ignore", FutureWarning)
-        wrapped = get_peft_model(backbone, lora_config(settings, backbone))
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in wrapped.named_parameters():
-            if "lora_" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
-    return wrapped
 
 
 def peft_merge(backbone, settings: LoraSettings, state: dict, source: str = ""):
@@ -81,7 +66,7 @@ def test_merge_equals_peft_merge_and_unload(family, targets):
 
     settings = resolve_lora(LoraSettings(r=4, alpha=12, target_modules=targets), backbone(family))
     original, ours = backbone(family), backbone(family)
-    wrapped = peft_model(backbone(family), settings)
+    wrapped = random_lora(backbone(family), settings)
     state = {k: v.detach().clone() for k, v in get_peft_model_state_dict(wrapped, save_embedding_layers=False).items()}
     assert all(k.startswith(lora_module.KEY_PREFIX) for k in state) and len(state) >= 4
     assert not any(".2." in k for k in state)  # the third block was truncated away before the adapter was made
@@ -106,7 +91,7 @@ def save_lora_reward(directory, backbone_dir, cls=RewardModel, targets=None):
     rm = cls.from_backbone(str(backbone_dir), 2, name="tinylora")
     settings = resolve_lora(LoraSettings(r=4, alpha=8, target_modules=targets), rm.backbone)
     rm.config = rm.config.model_copy(update={"method": "lora", "lora": settings})
-    rm.backbone = peft_model(rm.backbone, settings, seed=5)
+    rm.backbone = random_lora(rm.backbone, settings, seed=5)
     torch.nn.init.normal_(rm.head.weight if cls is RewardModel else rm.head.bias, std=0.5)
     rm.eval().save_pretrained(directory)
     return directory, rm.score_texts(TEXTS)
@@ -240,7 +225,7 @@ def test_a_refused_adapter_leaves_the_backbone_untouched():
     settings = resolve_lora(LoraSettings(r=4, alpha=8), base)
     from peft import get_peft_model_state_dict
 
-    state = dict(get_peft_model_state_dict(peft_model(backbone("llama"), settings), save_embedding_layers=False))
+    state = dict(get_peft_model_state_dict(random_lora(backbone("llama"), settings), save_embedding_layers=False))
     bad_key = sorted(state)[-1]
     state[bad_key] = state[bad_key][:, :2]  # the last module checked is the one that does not fit
     with pytest.raises(RewardModelFormatError):
