@@ -17,6 +17,12 @@ per step (shapes, kernels, cache traffic) is that of the real models; the texts 
 nearly flat, so eager and compiled greedy texts may part where two logits tie to float32 rounding. Without
 ``--random-weights`` the installed packaged models are used.
 
+**Set-ups** (``--setups DTYPE/BACKEND ...``): the LM's ``dtype`` and the rewards' ``backend`` of every row, e.g.
+``float32/torch`` (steerkit's defaults) and ``bfloat16/torch-bf16-compute`` (bf16 weights and products for both);
+each set-up's compiled rows are compared with its own eager rows. ``--kernel-profile`` times the GPU's kernels
+(``torch.profiler``) over one compiled generate of the largest batch with the last reward and the last set-up: the
+kernels by device time, and the device's busy time per step against the step's wall time.
+
     python benchmarks/bench_gpu.py --device cuda --random-weights --template DIR --out results.json
 """
 
@@ -109,6 +115,12 @@ def main() -> None:
                         help="after the rows: one compiled generate of the largest batch with the last reward under "
                              "torch.cuda.set_sync_debug_mode, printing each line of code that made the host wait "
                              "for the GPU, with how often")
+    parser.add_argument("--kernel-profile", action="store_true",
+                        help="after the rows: torch.profiler over one compiled generate of the largest batch with the "
+                             "last reward and set-up: kernels by device time, device busy time against wall time")
+    parser.add_argument("--setups", nargs="+", default=["float32/torch"], metavar="DTYPE/BACKEND",
+                        help="the LM's dtype and the rewards' backend per set-up (float32/torch: the defaults; "
+                             "bfloat16/torch-bf16-compute: bf16 weights and products)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--static-rewards", action="store_true",
                         help="compiled rows run the torch rewards' static, compiled sessions on any device (compile=True "
@@ -137,17 +149,20 @@ def main() -> None:
               "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
               "tokens": args.tokens, "k": 20, "beta": -20.0, "random_weights": args.random_weights,
               "matmul_precision": torch.get_float32_matmul_precision(), "threads": args.threads,
-              "load_average_before": os.getloadavg(), "rows": []}
+              "setups": args.setups, "load_average_before": os.getloadavg(), "rows": []}
     import steerkit.compiling as compiling
     from steerkit.rewards.sequence import static_cache
 
     result["cuda_graphs"] = args.cuda_graphs
-    runs = [(mode, None) for mode in args.modes if mode == "eager"]
-    runs += [(mode, graphs) for graphs in args.cuda_graphs for mode in args.modes if mode != "eager"]
+    setups = [tuple(setup.split("/", 1)) for setup in args.setups]
+    runs = [(mode, None, setup) for setup in setups for mode in args.modes if mode == "eager"]
+    runs += [(mode, graphs, setup) for setup in setups for graphs in args.cuda_graphs for mode in args.modes
+             if mode != "eager"]
     eager_texts = {}
-    for mode, graphs in runs:
+    for mode, graphs, (dtype, backend) in runs:
         if graphs is not None:
             compiling.CUDA_GRAPHS = graphs
+        setup = {"dtype": dtype, "backend": backend}
         for rows in args.rows:
             prompts = [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" ({i})") for i in range(rows)]
             for name in args.rewards:
@@ -156,9 +171,9 @@ def main() -> None:
                     continue
                 static_cache.COMPILE_COMMIT = mode != "compiled-eager-commit"
                 try:
-                    assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=MODES[mode])
+                    assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=MODES[mode], **setup)
                     if mode == "compiled-lm":
-                        assembled.terms = assemble(LM, REWARDS[name], k=20, device=args.device).terms
+                        assembled.terms = assemble(LM, REWARDS[name], k=20, device=args.device, **setup).terms
                     elif mode != "eager" and args.static_rewards:
                         assembled.terms = [dataclasses.replace(t, reward=t.reward.compiled_form(compiled=True))
                                            for t in assembled.terms]
@@ -168,17 +183,17 @@ def main() -> None:
                         seconds, count, texts = run(assembled, prompts, args.tokens)
                         best = min(best or (seconds, count), (seconds, count))
                 except Exception as exc:  # one failing row must not lose the others' figures
-                    row = {"mode": mode, "cuda_graphs": graphs, "rows": rows, "rewards": name,
+                    row = {"mode": mode, "cuda_graphs": graphs, **setup, "rows": rows, "rewards": name,
                            "error": f"{type(exc).__name__}: {exc}"[:2000]}
                     result["rows"].append(row)
                     print(json.dumps(row), flush=True)
                     continue
                 seconds, count = best
-                row = {"mode": mode, "cuda_graphs": graphs, "rows": rows, "rewards": name, "tokens": count,
+                row = {"mode": mode, "cuda_graphs": graphs, **setup, "rows": rows, "rewards": name, "tokens": count,
                        "seconds": round(seconds, 4), "tokens_per_s": round(count / seconds, 1),
                        "ms_per_step": round(1000 * seconds / max(1, count / rows), 3),
                        "untimed_first_run_s": round(first, 2)}
-                key = (rows, name)
+                key = (dtype, backend, rows, name)
                 if mode == "eager":
                     eager_texts[key] = texts
                 elif key in eager_texts:
@@ -198,11 +213,11 @@ def main() -> None:
         """The largest batch with the last reward, compiled (the first --cuda-graphs way), after one untimed run."""
         compiling.CUDA_GRAPHS = args.cuda_graphs[0]
         static_cache.COMPILE_COMMIT = True
-        rows, name = max(args.rows), args.rewards[-1]
+        rows, name, (dtype, backend) = max(args.rows), args.rewards[-1], setups[-1]
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
-        assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=True)
+        assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=True, dtype=dtype, backend=backend)
         run(assembled, prompts, args.tokens)
-        return assembled, prompts, f"compiled ({args.cuda_graphs[0]}), {rows} rows, {name}"
+        return assembled, prompts, f"compiled ({args.cuda_graphs[0]}), {dtype}/{backend}, {rows} rows, {name}"
 
     if args.sync_debug and torch.cuda.is_available():
         import collections
@@ -219,6 +234,24 @@ def main() -> None:
         where = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
         print(f"host waits for the GPU, {what}, {args.tokens} tokens:", json.dumps(where.most_common(30), indent=1),
               flush=True)
+    if args.kernel_profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        assembled, prompts, what = warmed_up()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        with profile(activities=activities) as prof:
+            seconds, count, _ = run(assembled, prompts, args.tokens)
+        steps = max(1, count // len(prompts))
+        events = prof.key_averages()
+        busy_ms = sum(e.self_device_time_total for e in events) / 1000  # kernels run one after another on a stream
+        summary = {"what": what, "steps": steps, "wall_ms_per_step_profiled": round(1000 * seconds / steps, 3),
+                   "device_busy_ms_per_step": round(busy_ms / steps, 3),
+                   "host_ops_per_step": round(sum(e.count for e in events if e.key.startswith("aten::")) / steps, 1)}
+        print("kernel profile:", json.dumps(summary), flush=True)
+        print(events.table(sort_by="self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total",
+                           row_limit=30, max_name_column_width=60), flush=True)
+        result["kernel_profile"] = summary
+        args.out.write_text(json.dumps(result, indent=1))
     if args.profile:
         import cProfile
         import io

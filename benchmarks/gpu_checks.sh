@@ -3,15 +3,16 @@
 # root; what it writes goes to $OUT, default ./gpu-checks). It needs:
 #   .whl/  the wheels the machine lacks (pydantic and its dependencies for its Python), installed to /tmp/site;
 #   .gpu/  SmolLM2-135M-Instruct's config.json and tokenizer files (the benchmarks' --random-weights --template).
-# Each step has its own time limit, so that a hang costs one step, not the call (they add up to 570 s; at most 7 files
+# Each step has its own time limit, so that a hang costs one step, not the call (they add up to 620 s; at most 7 files
 # come back, within the device tool's 8):
 #   1. tests/unit/test_cuda_graphs.py: compiled generate gives the eager tokens on CUDA, the graphs replay;
-#   2. bench_gpu.py at 25 rows, eager and compiled, plain and both toxicity rewards: the issue's throughput figure;
-#      then, in the same process (its shapes compiled), --sync-debug (every line of a compiled `toxicity` step that
-#      makes the host wait for the GPU) and --profile (cProfile of one compiled generate);
+#   2. bench_gpu.py at 25 rows, eager and compiled, plain and `toxicity`, in each set-up ($SETUPS: float32/torch, the
+#      defaults, and bfloat16/torch-bf16-compute): the issue's throughput figure; then, in the same process (its shapes
+#      compiled), --kernel-profile (the GPU's kernels and busy time per step, last set-up) and --profile (cProfile of
+#      one compiled generate); SYNC_DEBUG=1 adds --sync-debug (each line of a compiled step that makes the host wait);
 #   3. bench_compile_payback.py on CUDA from a cold cache: compile time and payback (steerkit.compiling's CUDA entry).
 # Usage on the device: bash benchmarks/gpu_checks.sh [QUICK=1 skips step 3; MODES="eager compiled ...": bench_gpu's
-# --modes]
+# --modes; REWARDS="plain toxicity-token toxicity": its --rewards; SETUPS="float32/torch ...": its --setups]
 set -u
 OUT=${OUT:-gpu-checks}
 mkdir -p "$OUT"
@@ -32,8 +33,11 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, keep its output and 
 
 step pytest_cuda_graphs 170 python3 -m pytest tests/unit/test_cuda_graphs.py -p no:cacheprovider -p no:logging \
     --tb=short -q -rs
-step bench_gpu 250 python3 benchmarks/bench_gpu.py --device cuda --random-weights --template .gpu --rows 25 \
-    --rewards plain toxicity-token toxicity --modes ${MODES:-eager compiled} --sync-debug --profile \
+SYNC=""
+[ "${SYNC_DEBUG:-0}" = 1 ] && SYNC=--sync-debug
+step bench_gpu 300 python3 benchmarks/bench_gpu.py --device cuda --random-weights --template .gpu --rows 25 \
+    --rewards ${REWARDS:-plain toxicity} --modes ${MODES:-eager compiled} \
+    --setups ${SETUPS:-float32/torch bfloat16/torch-bf16-compute} --kernel-profile --profile $SYNC \
     --out "$OUT/bench_gpu.json"
 if [ "${QUICK:-0}" != 1 ]; then
     step compile_payback 150 python3 benchmarks/bench_compile_payback.py --device cuda --cold --random-weights \

@@ -1,14 +1,19 @@
-"""Whether the compiled CPU step should keep inductor's packed weights: the two, alternated in one run.
+"""An inductor option of the compiled CPU step against steerkit's options: the two, alternated in one run.
 
-On a CPU steerkit compiles its step with inductor's freezing (``steerkit.compiling.COMPILE_OPTIONS``), which packs
-the frozen weights into oneDNN tensors. Those cannot be pickled, so inductor's FX graph cache is bypassed and every
-new process lowers the graph again (about 2 min on the AVX2-only CPU, docs/performance.md). With
-``cpp.weight_prepack=False`` the graph is cacheable. This probe compiles SmolLM2's plain F32 step both ways (two
-copies of the model, one per setting), then runs bench_cpu's batch-1 generation with each, alternating over
-``--rounds`` with the order reversed each round, and records ms per token, the first (compiling) run's time and
-whether each compiled row's greedy texts equal eager's.
+Written for ``cpp.weight_prepack`` (the default ``--option``). On a CPU steerkit compiles its step with inductor's
+freezing (``steerkit.compiling.COMPILE_OPTIONS``), which packs the frozen weights into oneDNN tensors. Those cannot
+be pickled, so inductor's FX graph cache is bypassed and every new process lowers the graph again (about 2 min on the
+AVX2-only CPU, docs/performance.md). With ``cpp.weight_prepack=False`` the graph is cacheable. ``--option
+emulate_precision_casts=False --dtype bfloat16`` asks what rounding a bf16 step as eager does costs.
+
+This probe compiles SmolLM2's plain step both ways (two copies of the model, one per setting; ``--dtype``: the LM's
+``dtype``), then runs bench_cpu's generation (``--batch`` rows at once) with each, alternating over ``--rounds`` with
+the order reversed each round, and records ms per token, the first (compiling) run's time and whether each compiled
+row's greedy texts equal eager's (at the same ``--dtype``).
 
     python benchmarks/probe_weight_prepack.py     # ~9 min on one thread; JSON: results/probe_weight_prepack.json
+    python benchmarks/probe_weight_prepack.py --dtype bfloat16 --option emulate_precision_casts=False \
+        --out benchmarks/results/probe_precision_casts.json
 """
 
 from __future__ import annotations
@@ -36,6 +41,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8"])
+    parser.add_argument("--option", action="append", metavar="KEY=VALUE",
+                        help="an inductor setting of the variant (True/False/numbers as Python reads them); "
+                             "repeatable; default: cpp.weight_prepack=False")
     parser.add_argument("--out", default=str(HERE / "results" / "probe_weight_prepack.json"))
     args = parser.parse_args()
     from torch._dynamo.utils import counters
@@ -48,17 +58,28 @@ def main() -> None:
     set_threads(1)
     torch.set_num_threads(1)
     load_before = os.getloadavg()
+    import ast
+
+    from steerkit.assembly import lm_runner
+
+    options = {}
+    for item in args.option or ["cpp.weight_prepack=False"]:
+        key, _, value = item.partition("=")
+        options[key] = ast.literal_eval(value)
+    variant = ", ".join(f"{k}={v}" for k, v in options.items())
     model, tokenizer = load_causal_lm_cached(bench_cpu.LM)[:2]
-    unpacked = copy.deepcopy(model)
-    compiled_step(unpacked).options = {**COMPILE_OPTIONS, "cpp.weight_prepack": False}
-    rows = {"packed (steerkit's options)": (model, tokenizer), "cpp.weight_prepack=False": (unpacked, tokenizer)}
+    other = copy.deepcopy(model)
+    compiled_step(lm_runner(other, dtype=args.dtype)).options = {**COMPILE_OPTIONS, **options}
+    default = "steerkit's options"
+    rows = {default: (model, tokenizer), variant: (other, tokenizer)}
     prompts = bench_cpu.PROMPTS[:args.prompts]
-    eager = bench_cpu.engine_run((model, tokenizer), {}, args.tokens, prompts, 1)[2]
+    run = dict(dtype=args.dtype)
+    eager = bench_cpu.engine_run((model, tokenizer), {}, args.tokens, prompts, args.batch, **run)[2]
     first = {}
     for name, lm in rows.items():  # compiles each row's one shape
         before = dict(counters["inductor"])
         start = time.perf_counter()
-        bench_cpu.engine_run(lm, {}, args.tokens, prompts[:1], 1, compile=True)
+        bench_cpu.engine_run(lm, {}, args.tokens, prompts[:args.batch], args.batch, compile=True, **run)
         first[name] = {"seconds": round(time.perf_counter() - start, 1),
                        "fx_graph_cache": {key: value - before.get(key, 0) for key, value in counters["inductor"].items()
                                           if key.startswith("fxgraph") and value != before.get(key, 0)}}
@@ -67,16 +88,18 @@ def main() -> None:
     for r in range(args.rounds):
         result = {}
         for name in (list(rows) if r % 2 == 0 else list(reversed(rows))):
-            seconds, count, texts = bench_cpu.engine_run(rows[name], {}, args.tokens, prompts, 1, compile=True)
-            result[name] = {"ms_per_token": round(seconds * 1000 / count, 2), "texts_equal_eager": texts == eager}
-        packed, unpacked_ms = (result[name]["ms_per_token"] for name in rows)
-        ratio = unpacked_ms / packed
-        rounds.append({**result, "unpacked_over_packed": round(ratio, 3)})
+            seconds, count, texts = bench_cpu.engine_run(rows[name], {}, args.tokens, prompts, args.batch,
+                                                         compile=True, **run)
+            result[name] = {"ms_per_token": round(seconds * 1000 / count, 2),
+                            "texts_equal_eager": sum(a == b for a, b in zip(texts, eager))}
+        ratio = result[variant]["ms_per_token"] / result[default]["ms_per_token"]
+        rounds.append({**result, "variant_over_default": round(ratio, 3)})
         print(f"round {r}: {rounds[-1]}", flush=True)
-    ratios = [r["unpacked_over_packed"] for r in rounds]
-    print(f"unpacked / packed ms per token: median {statistics.median(ratios):.3f} (rounds {ratios})")
-    out = {"lm": bench_cpu.LM, "tokens": args.tokens, "prompts": prompts, "first_run": first, "rounds": rounds,
-           "unpacked_over_packed_median": round(statistics.median(ratios), 3),
+    ratios = [r["variant_over_default"] for r in rounds]
+    print(f"{variant} / {default}, ms per token: median {statistics.median(ratios):.3f} (rounds {ratios})")
+    out = {"lm": bench_cpu.LM, "dtype": args.dtype, "batch": args.batch, "variant": options, "tokens": args.tokens,
+           "prompts": prompts, "first_run": first, "rounds": rounds,
+           "variant_over_default_median": round(statistics.median(ratios), 3),
            "load_average": [list(load_before), list(os.getloadavg())], "cpu": cpu_flags(), "torch": torch.__version__}
     atomic_write_text(Path(args.out), json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")

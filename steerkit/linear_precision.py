@@ -163,12 +163,15 @@ def int8_mm_through_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@functools.cache
+_INT8_INSTRUCTIONS = any(torch.cpu.get_capabilities().get(name, False)
+                         for name in ("avx512_vnni", "avx_vnni", "amx_int8", "avx512_bw"))
+
+
 def cpu_multiplies_int8() -> bool:
     """Whether this CPU has int8 dot-product instructions that oneDNN's int8 kernels use (VNNI, AVX512BW, AMX):
-    without them ``torch._int_mm`` is scalar code (:func:`int8_mm_through_float32` instead)."""
-    capabilities = torch.cpu.get_capabilities()
-    return any(capabilities.get(name, False) for name in ("avx512_vnni", "avx_vnni", "amx_int8", "avx512_bw"))
+    without them ``torch._int_mm`` is scalar code (:func:`int8_mm_through_float32` instead). Read once at import, a
+    plain constant, so that a compiled step traces it without a cache wrapper (dynamo warns about those)."""
+    return _INT8_INSTRUCTIONS
 
 
 def int8_weight(weight: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -123,6 +123,24 @@ POSITIVE_PHRASES = ["I love this movie", "wonderful friend", "so much fun", "gre
 NEGATIVE_PHRASES = ["I hate it", "terrible and awful", "stupid thing", "this is bad", "awful stupid movie"]
 
 
+def compared_top_logits(eager, other, relative: float) -> int:
+    """Check ``other``'s greedy run against ``eager``'s (two ``generate`` outputs with ``return_traces=True``) step by
+    step while each row has chosen the same tokens in both: the step's largest logit within ``relative`` × the largest
+    |logit| of ``eager``'s run (the top-k's order may swap at near ties, which reduced precision decides either way).
+    Raises AssertionError at the first step that is not; returns the number of row-steps compared."""
+    scale = max(float(step.topk_logits.abs().max()) for chunk in eager.traces for step in chunk)
+    compared = 0
+    for chunk_eager, chunk_other in zip(eager.traces, other.traces):
+        same = torch.ones(chunk_eager[0].topk_ids.shape[0], dtype=torch.bool)  # rows whose tokens agree so far
+        for a, b in zip(chunk_eager, chunk_other):
+            gap = (a.topk_logits[:, 0] - b.topk_logits[:, 0]).abs().cpu()[same]
+            assert gap.numel() == 0 or gap.max().item() <= relative * scale, (gap, scale)
+            compared += int(same.sum())
+            rows = torch.arange(same.shape[0])
+            same &= a.topk_ids.cpu()[rows, a.chosen.cpu()] == b.topk_ids.cpu()[rows, b.chosen.cpu()]
+    return compared
+
+
 def labelled_review(i: int) -> tuple[str, int]:
     """The i-th of a small, learnable labelled set: (two phrases of one polarity and the index, 1 if positive)."""
     label = i % 2

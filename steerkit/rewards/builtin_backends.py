@@ -31,10 +31,14 @@ class TorchBackend(RewardBackend):
 
         return _from_pretrained(TokenRewardModel, directory)
 
+    def runs(self, model):
+        """The torch model this backend's sessions run for ``model``: ``model`` itself."""
+        return model
+
     def new_cache(self, model, input_ids, attention_mask):
         from .sequence.torch_cache import TorchScoringCache
 
-        return TorchScoringCache(model, input_ids, attention_mask)
+        return TorchScoringCache(self.runs(model), input_ids, attention_mask)
 
     def to_device(self, model, device: str) -> None:
         if hasattr(model, "to"):
@@ -100,10 +104,11 @@ class TorchReducedBackend(TorchBackend):
 
         return reduced_weights(super().load_token(directory), self.precision)
 
-    def new_cache(self, model, input_ids, attention_mask):
+    def runs(self, model):
+        """``model`` converted to :attr:`precision` (itself when loaded by this backend, else a copy made once)."""
         from .precision import as_reduced
 
-        return super().new_cache(as_reduced(model, self.precision), input_ids, attention_mask)
+        return as_reduced(model, self.precision)
 
 
 class TorchBf16Backend(TorchReducedBackend):

@@ -44,8 +44,14 @@ def static_form(reward, compiled: bool | None = None, *, pays_on_cpu: bool = Fal
     step is bound by kernel launches). On a CPU only where the reward says so (``pays_on_cpu``, measured in
     docs/performance.md: a token-level commit yes, a sequence reward's candidate scoring, bound by its matrix
     products, no), else ``reward`` itself. Also ``reward`` itself for another backend, a model
-    :func:`supports_static` refuses, or a reward already in that form."""
-    if reward.static or reward.backend != "torch":
+    :func:`supports_static` refuses, or a reward already in that form. A reduced-precision torch backend
+    (``torch-bf16``, ``torch-bf16-compute``, ``torch-int8``) keeps its precision: the copy runs the model that backend
+    runs (:meth:`~steerkit.rewards.builtin_backends.TorchBackend.runs`), its activations and KV in float32."""
+    from .backends import get_backend
+    from .builtin_backends import TorchBackend
+
+    backend = get_backend(reward.backend)
+    if reward.static or not isinstance(backend, TorchBackend):
         return reward
     if compiled is None:
         compiled = pays_on_cpu or next(reward.model.parameters()).device.type == "cuda"
@@ -54,6 +60,7 @@ def static_form(reward, compiled: bool | None = None, *, pays_on_cpu: bool = Fal
     if not supports_static(reward.model):  # it builds a (tiny) StaticCache to look at its layers: asked last
         return reward
     other = copy.copy(reward)
+    other.model = backend.runs(reward.model)
     other.static = "compiled" if compiled else "eager"
     return other
 

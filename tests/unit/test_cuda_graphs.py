@@ -99,3 +99,27 @@ def test_compiled_generate_on_cuda_replays_graphs_and_gives_the_eager_tokens(kin
     if kind == "sequence":  # the commit (the chosen candidate's KV copied out of the scratch) is captured too
         keep_graphs = [g for g in compiled_keep(model).graphs.values() if g is not None]
         assert keep_graphs and sum(g.replays for g in keep_graphs) >= 20
+
+
+@cuda
+def test_compiled_bf16_on_cuda_runs_the_bf16_copies_from_graphs(tokenizer, monkeypatch):
+    """``dtype="bfloat16"`` with a ``torch-bf16-compute`` reward (bench_gpu.py's bfloat16 set-up), compiled: the LM's
+    bf16 copy and the reward's static session on its bf16 copy both replay CUDA graphs, and every step's top logit is
+    within bf16's precision of the eager bf16 run while the tokens agree (inductor rounds fused casts at other
+    points, so identity is not claimed: docs/performance.md)."""
+    from steerkit.engine.lm_int8 import as_bf16_lm
+    from steerkit.rewards.precision import BF16_COMPUTE, as_reduced
+    from steerkit.testing import compared_top_logits
+
+    monkeypatch.setattr(compiling, "CUDA_GRAPHS", "manual")
+    lm = tiny_lm(tokenizer).to("cuda")
+    with torch.no_grad():
+        lm.lm_head.weight.mul_(30.0)
+    model = tiny_reward(tokenizer, seed=6).to("cuda")
+    terms = [SteeringTerm(RewardModelScorer(model, backend="torch-bf16-compute", context="full"), -4.0, name="r")]
+    eager = _generate(lm, tokenizer, terms, do_sample=False, dtype="bfloat16", return_traces=True)
+    compiled = _generate(lm, tokenizer, terms, do_sample=False, dtype="bfloat16", compile=True, return_traces=True)
+    assert compared_top_logits(eager, compiled, 2 ** -6) >= 3 * 8
+    for steps in (compiled_step(as_bf16_lm(lm)), compiled_scoring(as_reduced(model, BF16_COMPUTE))):
+        graphs = [g for g in steps.graphs.values() if g is not None]
+        assert graphs and sum(g.replays for g in graphs) >= 20

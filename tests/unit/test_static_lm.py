@@ -19,7 +19,7 @@ from steerkit.errors import ConfigError, InvalidArgumentError
 from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.serving.engine import Engine
 from steerkit.steering import SteeringTerm
-from steerkit.testing import tiny_lm
+from steerkit.testing import compared_top_logits, tiny_lm
 
 
 def _drive(batch, tokenizer, script_steps=150):
@@ -196,17 +196,7 @@ def test_bf16_generate_compiled_stays_within_bf16_rounding_of_eager(lm, tokenize
     eager = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="bfloat16", return_traces=True)
     compiled = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="bfloat16", compile=True,
                          return_traces=True)
-    scale = max(float(step.topk_logits.abs().max()) for chunk in eager.traces for step in chunk)
-    compared = 0
-    for chunk_eager, chunk_compiled in zip(eager.traces, compiled.traces):
-        same = torch.ones(chunk_eager[0].topk_ids.shape[0], dtype=torch.bool)  # rows whose tokens agree so far
-        for a, b in zip(chunk_eager, chunk_compiled):
-            # the largest logit (the top-k's order may swap at near ties, which bf16 rounding can decide either way)
-            gap = (a.topk_logits[:, 0] - b.topk_logits[:, 0]).abs()[same]
-            assert gap.numel() == 0 or gap.max().item() <= 2 ** -6 * scale, (gap, scale)
-            compared += int(same.sum())
-            rows = torch.arange(same.shape[0])
-            same &= a.topk_ids[rows, a.chosen] == b.topk_ids[rows, b.chosen]
+    compared = compared_top_logits(eager, compiled, 2 ** -6)
     assert compared >= 3 * 8  # rows x steps compared: at least 8 steps of each of the 3 rows
 
 

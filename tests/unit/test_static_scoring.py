@@ -17,6 +17,7 @@ from tiny import make_tokenizer, tiny_lm, tiny_reward, tiny_token_reward
 
 import steerkit
 from steerkit.assembly import assemble, compiled_reward
+from steerkit.rewards.backends import get_backend
 from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.rewards.sequence.static_cache import (MIN_PREFIX, StaticScoringCache, compiled_keep, compiled_scoring,
                                                    scratch_bucket)
@@ -152,6 +153,29 @@ def test_other_tokenizer_family_compiles_too(steerkit_cache, tokenizer):
     got = steerkit.generate(["You are", "The quick"], lm=(lm, tokenizer),
                             rewards={eager.compiled_form(compiled=True): -4.0}, **kwargs)
     assert got.texts == want.texts
+
+
+@pytest.mark.parametrize("backend", ["torch-bf16", "torch-bf16-compute", "torch-int8"])
+def test_a_reduced_precision_reward_keeps_its_precision_compiled(steerkit_cache, tokenizer, backend):
+    """``compile=True`` on a reduced-precision torch backend (what a GPU runs ``--backend torch-bf16-compute`` with):
+    the static session runs the model that backend runs, its converted copy, not the float32 weights, and scores what
+    that copy scores from scratch (the layout run eagerly: to float32 rounding; compiled: to bf16's, as inductor
+    rounds fused bf16 casts at other points); the float32 model stays as it was."""
+    rm = tiny_reward(tokenizer, seed=14)
+    eager = RewardModelScorer(rm, backend=backend, context="full")
+    reward = eager.compiled_form(compiled=True)
+    reduced = get_backend(backend).runs(rm)
+    assert reward.static == "compiled" and reward.model is reduced and reduced is not rm and eager.model is rm
+    fp32, ours = same_tokenizer_reference(rm, tokenizer), same_tokenizer_reference(reduced, tokenizer)
+    apart = max(abs(a - b) for a, b in zip(fp32("hello there", [5, 6, 7], list(range(8, 40))),
+                                          ours("hello there", [5, 6, 7], list(range(8, 40)))))
+    assert apart > 3e-4  # the precisions differ by more than the tolerance below: the check tells them apart
+    drive(eager.compiled_form(compiled=False), tokenizer, ours, steps=6, k=5, seed=3, max_rows=2, tol=1e-4)
+    drive(reward, tokenizer, ours, steps=6, k=5, seed=3, max_rows=2, tol=4e-3)
+    token = tiny_token_reward(tokenizer, seed=15)
+    token_reward = TokenReward(token, backend=backend, context="full")
+    assert token_reward.model is get_backend(backend).runs(token) and token_reward.model is not token
+    assert token_reward.compiled_form(compiled=True).model is token_reward.model
 
 
 # -- the token-level reward --------------------------------------------------------------------------------------
