@@ -25,10 +25,11 @@ def text_reference(rm, lm_tok):
     return reference
 
 
-def drive(reward, lm_tok, reference, *, steps=14, k=5, seed=0, max_rows=4, tol=TOL):
+def drive(reward, lm_tok, reference, *, steps=14, k=5, seed=0, max_rows=4, tol=TOL, by_index=False):
     """Random joins (newcomers started alone, some advanced a few tokens before joining) and leaves (random
     subsets in a random order) between steps; every step compares all rows with ``reference``. Returns the
-    number of joins and leaves that happened."""
+    number of joins and leaves that happened. ``by_index``: each step's choice is committed as the engine commits
+    it, by its index among the candidates (``session.commit_chosen``)."""
     g = torch.Generator().manual_seed(seed)
     vocab = len(lm_tok)
 
@@ -44,8 +45,12 @@ def drive(reward, lm_tok, reference, *, steps=14, k=5, seed=0, max_rows=4, tol=T
                 want = torch.tensor(reference(row["prefix"], row["ids"], cands[b].tolist()))
                 diff = (got[b] - want).abs().max().item()
                 assert diff <= tol, f"row {row['prefix']!r} after {len(row['ids'])} tokens differs by {diff:.2e}"
-        chosen = cands[torch.arange(len(rows)), torch.randint(0, k, (len(rows),), generator=g)]
-        session.commit(chosen)
+        index = torch.randint(0, k, (len(rows),), generator=g)
+        chosen = cands[torch.arange(len(rows)), index]
+        if by_index:
+            session.commit_chosen(chosen, index)
+        else:
+            session.commit(chosen)
         for row, token in zip(rows, chosen.tolist()):
             row["ids"].append(token)
 

@@ -23,7 +23,7 @@ import torch
 from .lm_cache import lm_batch
 from .reward_groups import RewardGroup, join_groups
 from .rows import Row
-from .step import BatchPlan, StepOutput, make_plan, rad_step, raise_non_finite
+from .step import BatchPlan, StepOutput, chosen_index, make_plan, rad_step, raise_non_finite
 
 
 @dataclass
@@ -181,7 +181,7 @@ class EngineCore:
         if not all(ok):
             self._non_finite(out, [b for b, v in enumerate(ok) if not v], failed)
         emitted, padded = self._emit(out, tokens, failed)
-        self._commit(out.tokens, padded, where, failed, seconds)
+        self._commit(out, padded, where, failed, seconds)
         return StepReport(emitted, failed, out if keep_output else None, seconds)
 
     def _non_finite(self, out: StepOutput, bad: list[int], failed: dict) -> None:
@@ -233,18 +233,21 @@ class EngineCore:
         """Per slot, each row's shaped reward of its chosen token (one read for all)."""
         if not out.shaped:
             return []
-        chosen = (out.topk_ids == out.tokens[:, None]).long().argmax(-1, keepdim=True)
+        chosen = chosen_index(out.topk_ids, out.tokens)[:, None]
         return torch.stack([s.gather(1, chosen)[:, 0] for s in out.shaped]).tolist()
 
-    def _commit(self, tokens: torch.Tensor, padded: list[int], where: dict, failed: dict, seconds: dict) -> None:
-        """Tell the reward sessions each row's token (a finished row of a shared batch: its padding)."""
+    def _commit(self, out: StepOutput, padded: list[int], where: dict, failed: dict, seconds: dict) -> None:
+        """Tell the reward sessions each row's token (a finished row of a shared batch: its padding) and its index
+        among the step's candidates."""
+        tokens = out.tokens
         if padded:
             tokens = tokens.index_fill(0, torch.tensor(padded, device=tokens.device), self._pad_id())
+        chosen = chosen_index(out.topk_ids, tokens) if any(g.parts for g in self.groups.values()) else None
         self.last_tokens, self._stepped = tokens, list(self.rows)
         for group in self.groups.values():
             if group.parts:
                 start = time.perf_counter()
-                for row, exc in group.commit(tokens, where).items():
+                for row, exc in group.commit(tokens, where, chosen).items():
                     failed.setdefault(row, exc)
                 seconds[group.name] = seconds.get(group.name, 0.0) + time.perf_counter() - start
 

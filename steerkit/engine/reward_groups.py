@@ -198,16 +198,18 @@ class RewardGroup:
                             f"{tuple(getattr(rho, 'shape', ()))}; expected a tensor of shape {tuple(candidates.shape)}")
         return rho
 
-    def commit(self, tokens: torch.Tensor, where: dict) -> dict:
-        """Tell every part the chosen tokens (rows' ``ids`` already end with them)."""
+    def commit(self, tokens: torch.Tensor, where: dict, chosen: torch.Tensor | None = None) -> dict:
+        """Tell every part the chosen tokens (rows' ``ids`` already end with them); ``chosen`` [B]: each token's index
+        among the step's candidates, for a session that takes it (``commit_chosen``: :mod:`steerkit.rewards.base`)."""
         failed: dict = {}
         if self.strict:
-            self.parts[0].session.commit(tokens)
+            _commit(self.parts[0].session, tokens, chosen)
             return failed
         for part in list(self.parts):
             index = part.index(where, tokens.device)
             try:
-                part.session.commit(tokens.index_select(0, index))
+                _commit(part.session, tokens.index_select(0, index),
+                        None if chosen is None else chosen.index_select(0, index))
             except Exception as exc:  # noqa: BLE001
                 self.parts.remove(part)
                 if len(part.rows) == 1:
@@ -215,3 +217,13 @@ class RewardGroup:
                 else:
                     self.parts += self._rebuild(part.rows, failed)  # replays the new tokens too
         return failed
+
+
+def _commit(session, tokens: torch.Tensor, chosen: torch.Tensor | None) -> None:
+    """``session.commit_chosen(tokens, chosen)`` where the session offers it and ``chosen`` is known, else
+    ``session.commit(tokens)``."""
+    commit_chosen = None if chosen is None else getattr(session, "commit_chosen", None)
+    if commit_chosen is not None:
+        commit_chosen(tokens, chosen)
+    else:
+        session.commit(tokens)

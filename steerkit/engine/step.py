@@ -324,6 +324,12 @@ def rad_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Tenso
     return out
 
 
+def chosen_index(topk_ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[B]: each row's token ``tokens`` [B] as an index among its candidates ``topk_ids`` [B, K] (0 for a token
+    that is not one)."""
+    return (topk_ids == tokens[:, None]).long().argmax(-1)
+
+
 def raise_non_finite(topk_ids, topk_logits, rewards, terms, step) -> None:
     """The slow path of a step's ``ok`` check: find which term (or the LM) is to blame."""
     where = f"at decoding step {step} (counting from 0)"

@@ -9,6 +9,11 @@ A continuous-batching decoder (``steerkit.serving``) also changes the rows of a 
 (``keep_rows``) and newcomers join (``add_rows``) between steps. Both are optional: a session without them
 (see :func:`supports_row_changes`) is run by such a decoder as one session per row.
 
+A session may also offer ``commit_chosen(tokens, chosen)``: ``commit`` for a caller that knows each row's token is
+its candidate ``chosen`` [B] (an index into the candidates of the last ``score``). The engine, whose tokens are always
+candidates (or a finished row's padding), calls it where present, so that the session need not search for the
+tokens, which on a GPU makes the host wait (:class:`~steerkit.rewards.sequence.sessions.SameTokenizerSession`).
+
 Backends (torch, onnxruntime) implement :class:`ScoringCache`: the incremental KV state of one reward
 model over B rows, in the reward model's own token space.
 """

@@ -123,3 +123,28 @@ def test_compiled_bf16_on_cuda_runs_the_bf16_copies_from_graphs(tokenizer, monke
     for steps in (compiled_step(as_bf16_lm(lm)), compiled_scoring(as_reduced(model, BF16_COMPUTE))):
         graphs = [g for g in steps.graphs.values() if g is not None]
         assert graphs and sum(g.replays for g in graphs) >= 20
+
+
+@cuda
+def test_a_compiled_step_waits_for_the_gpu_only_at_its_one_read(tokenizer, monkeypatch):
+    """Issue 25's "no host sync inside the step": under ``torch.cuda.set_sync_debug_mode``, the lines of steerkit that
+    make the host wait in every step of a compiled steered generate are the engine's one read of the chosen tokens
+    alone (engine/core.py); a sequence reward's commit (``commit_chosen``) reads nothing back. Waits once per call
+    (a prefill, a cache's allocation) are not per step and are not counted."""
+    import collections
+    import warnings
+
+    monkeypatch.setattr(compiling, "CUDA_GRAPHS", "manual")
+    lm = tiny_lm(tokenizer).to("cuda")
+    terms = [SteeringTerm(RewardModelScorer(tiny_reward(tokenizer, seed=6).to("cuda"), context="full"), -4.0, name="r")]
+    _generate(lm, tokenizer, terms, do_sample=False, compile=True)  # compiles and captures
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            _generate(lm, tokenizer, terms, do_sample=False, compile=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    waits = collections.Counter(f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+    per_step = {where for where, count in waits.items() if count >= 20 and "steerkit" in where}  # 24 steps
+    assert per_step and all("engine/core.py" in where for where in per_step), waits

@@ -39,15 +39,42 @@ def bridged_rm():
     return tiny_reward(make_tokenizer(kind="metaspace", vocab_size=350), seed=4)
 
 
+@pytest.mark.parametrize("by_index", [False, True], ids=["commit", "commit_chosen"])
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_torch_same_tokenizer_rows_join_and_leave(tokenizer, reward_model, seed, layout):
+def test_torch_same_tokenizer_rows_join_and_leave(tokenizer, reward_model, seed, layout, by_index):
     reward = torch_reward(reward_model, "full", layout)  # uneven prompts: the merged caches are left-padded
     session = reward.start(["a"], tokenizer)
     assert isinstance(session, SameTokenizerSession)
     assert isinstance(session.cache, StaticScoringCache) == (layout == "static")
-    joins, leaves = drive(reward, tokenizer, same_tokenizer_reference(reward_model, tokenizer), seed=seed)
+    joins, leaves = drive(reward, tokenizer, same_tokenizer_reference(reward_model, tokenizer), seed=seed,
+                          by_index=by_index)
     assert joins >= 3 and leaves >= 2
+
+
+def test_the_engine_commits_by_index(tokenizer, reward_model, monkeypatch):
+    """``generate`` tells a same-vocabulary session each row's choice as its index among the candidates
+    (``commit_chosen``), so the session searches for nothing and, on a GPU, reads nothing back. (That both commits
+    keep the same state: the join/leave test above; that generate's tokens did not change: test_determinism.py's recorded tokens.)"""
+    from steerkit.testing import tiny_lm
+
+    import steerkit
+
+    calls = {"commit": 0, "commit_chosen": 0}
+    commit, commit_chosen = SameTokenizerSession.commit, SameTokenizerSession.commit_chosen
+
+    def counted(name, method):
+        def call(self, *args):
+            calls[name] += 1
+            return method(self, *args)
+        return call
+
+    monkeypatch.setattr(SameTokenizerSession, "commit", counted("commit", commit))
+    monkeypatch.setattr(SameTokenizerSession, "commit_chosen", counted("commit_chosen", commit_chosen))
+    kwargs = dict(lm=(tiny_lm(tokenizer, seed=3), tokenizer), rewards={RewardModelScorer(reward_model): -4.0}, k=5,
+                  max_new_tokens=6, do_sample=False, eos_token_id=[])
+    steerkit.generate(["ab cd", "x"], **kwargs)
+    assert calls == {"commit": 0, "commit_chosen": 6}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

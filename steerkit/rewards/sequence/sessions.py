@@ -26,8 +26,7 @@ class SameTokenizerSession:
             return
         hits = self._candidates == tokens[:, None]
         found = hits.any(-1)
-        self.cache.commit_choice(hits.long().argmax(-1))
-        self._candidates = None
+        self.commit_chosen(tokens, hits.long().argmax(-1))
         # A token that was not a candidate: a finished row padded by generate() (ignored), or a token forced
         # by someone else; the latter is re-synchronised by replacing the kept candidate with the real token.
         redo = ~found
@@ -36,6 +35,16 @@ class SameTokenizerSession:
         if redo.any():
             self.cache.rollback(redo.long())
             self.cache.append(tokens[:, None], redo[:, None])
+
+    def commit_chosen(self, tokens: torch.Tensor, chosen: torch.Tensor) -> None:
+        """:meth:`commit` for a caller that knows each row's token is its candidate ``chosen`` [B] of the last
+        :meth:`score` (the engine does; a finished row's padding: any index): no search for the tokens, so nothing
+        here waits for the device (:meth:`commit`'s check for a forced token reads a flag back)."""
+        if self._candidates is None:
+            self.commit(tokens)
+            return
+        self.cache.commit_choice(chosen.to(self._candidates.device))
+        self._candidates = None
 
     @property
     def supports_row_changes(self) -> bool:
