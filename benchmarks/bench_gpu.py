@@ -51,8 +51,11 @@ LM = "smollm2-135m-instruct"
 #: eager: the eager engine; compiled-lm: the LM's compiled step, the rewards eager (only rows with a reward,
 #: elsewhere it is "compiled"); compiled: assemble(compile=True), the LM's step and the sequence reward's candidate
 #: scoring compiled; compiled-eager-commit: "compiled" with the sequence reward's commit eager (only rows with
-#: ``toxicity``; steerkit.rewards.sequence.static_cache.COMPILE_COMMIT)
-MODES = {"eager": False, "compiled-lm": True, "compiled": True, "compiled-eager-commit": True}
+#: ``toxicity``; steerkit.rewards.sequence.static_cache.COMPILE_COMMIT); compiled-search-commit: "compiled" with the
+#: engine committing tokens, which the session searches its candidates for, not indices (only rows with ``toxicity``;
+#: steerkit.engine.core.COMMIT_BY_INDEX)
+MODES = {"eager": False, "compiled-lm": True, "compiled": True, "compiled-eager-commit": True,
+         "compiled-search-commit": True}
 
 
 def random_weights_entry(template: Path) -> None:
@@ -151,6 +154,7 @@ def main() -> None:
               "matmul_precision": torch.get_float32_matmul_precision(), "threads": args.threads,
               "setups": args.setups, "load_average_before": os.getloadavg(), "rows": []}
     import steerkit.compiling as compiling
+    import steerkit.engine.core as core
     from steerkit.rewards.sequence import static_cache
 
     result["cuda_graphs"] = args.cuda_graphs
@@ -166,10 +170,12 @@ def main() -> None:
         for rows in args.rows:
             prompts = [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" ({i})") for i in range(rows)]
             for name in args.rewards:
-                if (mode == "compiled-lm" and name == "plain") or (mode == "compiled-eager-commit"
+                if (mode == "compiled-lm" and name == "plain") or (mode in ("compiled-eager-commit",
+                                                                            "compiled-search-commit")
                                                                    and name != "toxicity"):
                     continue
                 static_cache.COMPILE_COMMIT = mode != "compiled-eager-commit"
+                core.COMMIT_BY_INDEX = mode != "compiled-search-commit"
                 try:
                     assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=MODES[mode], **setup)
                     if mode == "compiled-lm":
@@ -212,7 +218,7 @@ def main() -> None:
     def warmed_up():
         """The largest batch with the last reward, compiled (the first --cuda-graphs way), after one untimed run."""
         compiling.CUDA_GRAPHS = args.cuda_graphs[0]
-        static_cache.COMPILE_COMMIT = True
+        static_cache.COMPILE_COMMIT = core.COMMIT_BY_INDEX = True
         rows, name, (dtype, backend) = max(args.rows), args.rewards[-1], setups[-1]
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
         assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=True, dtype=dtype, backend=backend)

@@ -6,10 +6,12 @@
 # Each step has its own time limit, so that a hang costs one step, not the call (they add up to 620 s; at most 7 files
 # come back, within the device tool's 8):
 #   1. tests/unit/test_cuda_graphs.py: compiled generate gives the eager tokens on CUDA, the graphs replay;
-#   2. bench_gpu.py at 25 rows, eager and compiled, plain and `toxicity`, in each set-up ($SETUPS: float32/torch, the
-#      defaults, and bfloat16/torch-bf16-compute): the throughput figure; then, in the same process (its shapes
-#      compiled), --kernel-profile (the GPU's kernels and busy time per step, last set-up) and --profile (cProfile of
-#      one compiled generate); SYNC_DEBUG=1 adds --sync-debug (each line of a compiled step that makes the host wait);
+#   2. bench_gpu.py at 25 rows, plain and `toxicity`, eager and compiled, and `toxicity` compiled with the engine
+#      committing tokens instead of indices (compiled-search-commit: the commit by index side by side), in each
+#      set-up ($SETUPS: float32/torch, the defaults, and bfloat16/torch-bf16-compute): the throughput figure;
+#      then, in the same process (its shapes compiled), --kernel-profile (the GPU's kernels and busy time per step,
+#      last set-up) and --profile (cProfile of one compiled generate); SYNC_DEBUG=1 adds --sync-debug (each line of
+#      a compiled step that makes the host wait);
 #   3. bench_compile_payback.py on CUDA from a cold cache: compile time and payback (steerkit.compiling's CUDA entry).
 # Usage on the device: bash benchmarks/gpu_checks.sh [QUICK=1 skips step 3; MODES="eager compiled ...": bench_gpu's
 # --modes; REWARDS="plain toxicity-token toxicity": its --rewards; SETUPS="float32/torch ...": its --setups]
@@ -36,7 +38,7 @@ step pytest_cuda_graphs 170 python3 -m pytest tests/unit/test_cuda_graphs.py -p 
 SYNC=""
 [ "${SYNC_DEBUG:-0}" = 1 ] && SYNC=--sync-debug
 step bench_gpu 300 python3 benchmarks/bench_gpu.py --device cuda --random-weights --template .gpu --rows 25 \
-    --rewards ${REWARDS:-plain toxicity} --modes ${MODES:-eager compiled} \
+    --rewards ${REWARDS:-plain toxicity} --modes ${MODES:-eager compiled compiled-search-commit} \
     --setups ${SETUPS:-float32/torch bfloat16/torch-bf16-compute} --kernel-profile --profile $SYNC \
     --out "$OUT/bench_gpu.json"
 if [ "${QUICK:-0}" != 1 ]; then

@@ -26,6 +26,12 @@ from .rows import Row
 from .step import BatchPlan, StepOutput, chosen_index, make_plan, rad_step, raise_non_finite
 
 
+#: Whether the engine commits each row's choice to the reward sessions by its index among the candidates
+#: (``commit_chosen``, no read-back from a GPU); False: by token (``commit``), what ``benchmarks/bench_gpu.py``'s
+#: ``compiled-search-commit`` mode compares it with.
+COMMIT_BY_INDEX = True
+
+
 @dataclass
 class Emitted:
     """What a step did to one row: its token, the text that became final, its finish reason (None: it goes
@@ -242,7 +248,8 @@ class EngineCore:
         tokens = out.tokens
         if padded:
             tokens = tokens.index_fill(0, torch.tensor(padded, device=tokens.device), self._pad_id())
-        chosen = chosen_index(out.topk_ids, tokens) if any(g.parts for g in self.groups.values()) else None
+        by_index = COMMIT_BY_INDEX and any(g.parts for g in self.groups.values())
+        chosen = chosen_index(out.topk_ids, tokens) if by_index else None
         self.last_tokens, self._stepped = tokens, list(self.rows)
         for group in self.groups.values():
             if group.parts:

@@ -55,10 +55,12 @@ def test_torch_same_tokenizer_rows_join_and_leave(tokenizer, reward_model, seed,
 def test_the_engine_commits_by_index(tokenizer, reward_model, monkeypatch):
     """``generate`` tells a same-vocabulary session each row's choice as its index among the candidates
     (``commit_chosen``), so the session searches for nothing and, on a GPU, reads nothing back. (That both commits
-    keep the same state: the join/leave test above; that generate's tokens did not change: test_determinism.py's recorded tokens.)"""
+    keep the same state: the join/leave test above and the texts here; that generate's tokens did not change:
+    test_determinism.py's recorded tokens.)"""
     from steerkit.testing import tiny_lm
 
     import steerkit
+    import steerkit.engine.core as core
 
     calls = {"commit": 0, "commit_chosen": 0}
     commit, commit_chosen = SameTokenizerSession.commit, SameTokenizerSession.commit_chosen
@@ -73,8 +75,11 @@ def test_the_engine_commits_by_index(tokenizer, reward_model, monkeypatch):
     monkeypatch.setattr(SameTokenizerSession, "commit_chosen", counted("commit_chosen", commit_chosen))
     kwargs = dict(lm=(tiny_lm(tokenizer, seed=3), tokenizer), rewards={RewardModelScorer(reward_model): -4.0}, k=5,
                   max_new_tokens=6, do_sample=False, eos_token_id=[])
-    steerkit.generate(["ab cd", "x"], **kwargs)
+    by_index = steerkit.generate(["ab cd", "x"], **kwargs)
     assert calls == {"commit": 0, "commit_chosen": 6}
+    monkeypatch.setattr(core, "COMMIT_BY_INDEX", False)  # bench_gpu.py's compiled-search-commit: tokens committed
+    assert steerkit.generate(["ab cd", "x"], **kwargs).texts == by_index.texts
+    assert calls == {"commit": 6, "commit_chosen": 12}  # commit() keeps the candidate it found through commit_chosen
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
