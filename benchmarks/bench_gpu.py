@@ -53,9 +53,13 @@ LM = "smollm2-135m-instruct"
 #: scoring compiled; compiled-eager-commit: "compiled" with the sequence reward's commit eager (only rows with
 #: ``toxicity``; steerkit.rewards.sequence.static_cache.COMPILE_COMMIT); compiled-search-commit: "compiled" with the
 #: engine committing tokens, which the session searches its candidates for, not indices (only rows with ``toxicity``;
-#: steerkit.engine.core.COMMIT_BY_INDEX)
+#: steerkit.engine.core.COMMIT_BY_INDEX); compiled-exact-scratch: "compiled" with the sequence reward's candidate
+#: columns a multiple of 10, not 8 (k = 20: 20 columns, not 24; only rows with ``toxicity``; its own compiled shapes;
+#: steerkit.rewards.sequence.static_cache.SCRATCH_STEP)
 MODES = {"eager": False, "compiled-lm": True, "compiled": True, "compiled-eager-commit": True,
-         "compiled-search-commit": True}
+         "compiled-search-commit": True, "compiled-exact-scratch": True}
+#: the modes that change only a sequence reward's step: run for ``toxicity`` rows alone
+SEQUENCE_MODES = ("compiled-eager-commit", "compiled-search-commit", "compiled-exact-scratch")
 
 
 def random_weights_entry(template: Path) -> None:
@@ -157,6 +161,7 @@ def main() -> None:
     import steerkit.engine.core as core
     from steerkit.rewards.sequence import static_cache
 
+    scratch_step = static_cache.SCRATCH_STEP
     result["cuda_graphs"] = args.cuda_graphs
     setups = [tuple(setup.split("/", 1)) for setup in args.setups]
     runs = [(mode, None, setup) for setup in setups for mode in args.modes if mode == "eager"]
@@ -170,12 +175,11 @@ def main() -> None:
         for rows in args.rows:
             prompts = [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" ({i})") for i in range(rows)]
             for name in args.rewards:
-                if (mode == "compiled-lm" and name == "plain") or (mode in ("compiled-eager-commit",
-                                                                            "compiled-search-commit")
-                                                                   and name != "toxicity"):
+                if (mode == "compiled-lm" and name == "plain") or (mode in SEQUENCE_MODES and name != "toxicity"):
                     continue
                 static_cache.COMPILE_COMMIT = mode != "compiled-eager-commit"
                 core.COMMIT_BY_INDEX = mode != "compiled-search-commit"
+                static_cache.SCRATCH_STEP = 10 if mode == "compiled-exact-scratch" else scratch_step
                 try:
                     assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=MODES[mode], **setup)
                     if mode == "compiled-lm":
@@ -219,6 +223,7 @@ def main() -> None:
         """The largest batch with the last reward, compiled (the first --cuda-graphs way), after one untimed run."""
         compiling.CUDA_GRAPHS = args.cuda_graphs[0]
         static_cache.COMPILE_COMMIT = core.COMMIT_BY_INDEX = True
+        static_cache.SCRATCH_STEP = scratch_step
         rows, name, (dtype, backend) = max(args.rows), args.rewards[-1], setups[-1]
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
         assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=True, dtype=dtype, backend=backend)
