@@ -4,7 +4,7 @@ Written for ``cpp.weight_prepack`` (the default ``--option``). On a CPU steerkit
 freezing (``steerkit.compiling.COMPILE_OPTIONS``), which packs the frozen weights into oneDNN tensors. Those cannot
 be pickled, so inductor's FX graph cache is bypassed and every new process lowers the graph again (about 2 min on the
 AVX2-only CPU, docs/performance.md). With ``cpp.weight_prepack=False`` the graph is cacheable. ``--option
-emulate_precision_casts=False --dtype bfloat16`` asks what rounding a bf16 step as eager does costs.
+emulate_precision_casts=True --dtype bfloat16`` asks what rounding a bf16 step's fused casts as eager does costs.
 
 This probe compiles SmolLM2's plain step both ways (two copies of the model, one per setting; ``--dtype``: the LM's
 ``dtype``), then runs bench_cpu's generation (``--batch`` rows at once) with each, alternating over ``--rounds`` with
@@ -12,8 +12,8 @@ the order reversed each round, and records ms per token, the first (compiling) r
 row's greedy texts equal eager's (at the same ``--dtype``).
 
     python benchmarks/probe_weight_prepack.py     # ~9 min on one thread; JSON: results/probe_weight_prepack.json
-    python benchmarks/probe_weight_prepack.py --dtype bfloat16 --option emulate_precision_casts=False \
-        --out benchmarks/results/probe_precision_casts.json
+    python benchmarks/probe_weight_prepack.py --dtype bfloat16 --option emulate_precision_casts=True \
+        --out benchmarks/results/probe_precision_casts_b1.json
 """
 
 from __future__ import annotations
