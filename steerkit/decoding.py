@@ -11,7 +11,7 @@ import torch
 
 from .engine.core import EngineCore
 from .engine.rows import Row
-from .engine.step import sample
+from .engine.step import chosen_index, sample
 from .engine.text import cut_at_stop
 from .errors import InvalidArgumentError, PromptTooLongError
 from .models import context_length
@@ -229,7 +229,7 @@ class RewardAugmentedGenerator:
 
     def _trace(self, out, tokens: torch.Tensor, rows: list, step: int) -> StepTrace:
         finished = torch.tensor([len(row.ids) < row.steps for row in rows], device=tokens.device)
-        chosen = (out.topk_ids == tokens[:, None]).long().argmax(-1).masked_fill(finished, -1)
+        chosen = chosen_index(out.topk_ids, tokens).masked_fill(finished, -1)
         return StepTrace(out.topk_ids.cpu(), out.topk_logits.cpu(),
                          {t.name: r.cpu() for t, r in zip(self.terms, out.shaped)}, out.combined.cpu(),
                          {t.name: t.weight(step) for t in self.terms}, chosen.cpu())

@@ -133,11 +133,11 @@ def compared_top_logits(eager, other, relative: float) -> int:
     for chunk_eager, chunk_other in zip(eager.traces, other.traces):
         same = torch.ones(chunk_eager[0].topk_ids.shape[0], dtype=torch.bool)  # rows whose tokens agree so far
         for a, b in zip(chunk_eager, chunk_other):
-            gap = (a.topk_logits[:, 0] - b.topk_logits[:, 0]).abs().cpu()[same]
+            gap = (a.topk_logits[:, 0] - b.topk_logits[:, 0]).abs()[same]  # traces are on the CPU
             assert gap.numel() == 0 or gap.max().item() <= relative * scale, (gap, scale)
             compared += int(same.sum())
             rows = torch.arange(same.shape[0])
-            same &= a.topk_ids.cpu()[rows, a.chosen.cpu()] == b.topk_ids.cpu()[rows, b.chosen.cpu()]
+            same &= a.topk_ids[rows, a.chosen] == b.topk_ids[rows, b.chosen]
     return compared
 
 

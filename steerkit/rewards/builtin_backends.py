@@ -45,6 +45,15 @@ class TorchBackend(RewardBackend):
             model.to(device)
 
 
+def torch_backend(name: str) -> TorchBackend | None:
+    """The backend registered as ``name`` where it runs torch weights (``torch`` and its reduced-precision variants:
+    :meth:`TorchBackend.runs` gives the model it runs), else None."""
+    from .backends import get_backend
+
+    backend = get_backend(name)
+    return backend if isinstance(backend, TorchBackend) else None
+
+
 class OnnxBackend(RewardBackend):
     """onnxruntime on a verified ONNX export; a reward-model directory is exported into the cache on first use.
 

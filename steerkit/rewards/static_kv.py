@@ -47,11 +47,10 @@ def static_form(reward, compiled: bool | None = None, *, pays_on_cpu: bool = Fal
     :func:`supports_static` refuses, or a reward already in that form. A reduced-precision torch backend
     (``torch-bf16``, ``torch-bf16-compute``, ``torch-int8``) keeps its precision: the copy runs the model that backend
     runs (:meth:`~steerkit.rewards.builtin_backends.TorchBackend.runs`), its activations and KV in float32."""
-    from .backends import get_backend
-    from .builtin_backends import TorchBackend
+    from .builtin_backends import torch_backend
 
-    backend = get_backend(reward.backend)
-    if reward.static or not isinstance(backend, TorchBackend):
+    backend = torch_backend(reward.backend)
+    if reward.static or backend is None:
         return reward
     if compiled is None:
         compiled = pays_on_cpu or next(reward.model.parameters()).device.type == "cuda"

@@ -22,8 +22,8 @@ from ...errors import InvalidArgumentError
 from ...compiling import CompiledStep, bucket
 from ...model_copies import converted_copy
 from ..attention import additive, append_mask_4d
-from ..backends import DEFAULT_BACKEND, get_backend, resolve_backend
-from ..builtin_backends import TorchBackend
+from ..backends import DEFAULT_BACKEND, resolve_backend
+from ..builtin_backends import torch_backend
 from ..cache import left_pad_kv
 from .lm_state import start_lm_state
 from .model import candidate_logits, check_vocabulary, realized_logits  # noqa: F401  (check_vocabulary: re-exported)
@@ -43,10 +43,10 @@ class TokenReward:
                  context: str = "continuation"):
         self.name = name or model.config.name
         self.backend = resolve_backend(backend)
-        runner = get_backend(self.backend)
+        runner = torch_backend(self.backend)
         # a torch backend of reduced precision runs its converted copy of an in-memory float32 model (loading through
         # it converts already): the eager and the static sessions run the same weights
-        self.model = runner.runs(model) if isinstance(runner, TorchBackend) else model
+        self.model = model if runner is None else runner.runs(model)
         self.context = context
 
     #: Keep the KV on preallocated tensors (:class:`StaticTokenSession`): ``"compiled"``, with the commit compiled,
