@@ -83,6 +83,8 @@ def run_cli(args) -> int:
 
 def test_ray_local_two_actors_write_the_single_process_file(ray_env, models, reference, tmp_path):
     """`--ray local` starts a Ray instance sized for the actors (ray.init(num_cpus=2)) and stops it after."""
+    if ray.is_initialized():  # a test before, in this process, connected to the module's cluster: a CLI process
+        ray.shutdown()  # is not connected, and a connection held already would be used as it is (cluster.connect)
     out = tmp_path / "local.jsonl"
     assert run_cli(cli_args(models, out, "--ray", "local", "--actors", "2")) == 0
     assert out.read_bytes() == reference
@@ -90,7 +92,7 @@ def test_ray_local_two_actors_write_the_single_process_file(ray_env, models, ref
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_env, tmp_path_factory):
+def cluster_nodes(ray_env, tmp_path_factory):
     """Two Ray nodes on 127.0.0.1 (2 CPUs each), each `ray start --block` in its own session, killed at the end."""
     port = free_port()
     address = f"127.0.0.1:{port}"
@@ -120,6 +122,15 @@ def cluster(ray_env, tmp_path_factory):
         if ray.is_initialized():
             ray.shutdown()
         stop_sessions(procs)
+
+
+@pytest.fixture
+def cluster(cluster_nodes):
+    """The module's cluster, this process connected to it whatever order the tests ran in (the `--ray local` test
+    disconnects)."""
+    if not ray.is_initialized():
+        ray.init(address=cluster_nodes, log_to_driver=False)
+    return cluster_nodes
 
 
 def node_count_is(n: int, address: str) -> bool:
