@@ -48,25 +48,35 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def ray_temp_dir(mp):
-    """Point Ray (``ray start``, ``ray.init``, the actors) at a fresh, short temporary directory for the block,
-    through ``$RAY_TMPDIR`` set on the MonkeyPatch ``mp``.
+def short_temp_dir(prefix: str):
+    """A fresh temporary directory with a short path, removed after the block.
 
-    Short: Ray puts its Unix sockets under ``$RAY_TMPDIR/ray/session_…/sockets/`` and a socket path may not exceed
-    107 bytes, so a long ``$TMPDIR`` (pytest's or the shell's) would stop the cluster from starting. Fresh: the
-    ``ray_current_cluster`` file that ``ray start`` writes (and ``--ray auto`` reads) is this run's own, neither the
-    machine's ``/tmp/ray`` one, which a cluster started earlier may have left pointing at a dead address, nor one
-    this run leaves behind for the next.
-    """
+    Short: Ray and Chromium put Unix sockets under their temporary directory, and a socket path may not exceed
+    107 bytes, so a long ``$TMPDIR`` (pytest's or the shell's) would stop them from starting. Where the temporary
+    directory's path is long, the directory is made in ``/tmp`` instead."""
     base = tempfile.gettempdir()
     if len(base) > 24 and os.path.isdir("/tmp"):
         base = "/tmp"
-    path = tempfile.mkdtemp(prefix="skray", dir=base)
-    mp.setenv("RAY_TMPDIR", path)
+    path = tempfile.mkdtemp(prefix=prefix, dir=base)
     try:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def ray_temp_dir(mp):
+    """Point Ray (``ray start``, ``ray.init``, the actors) at a fresh, short temporary directory for the block
+    (:func:`short_temp_dir`: Ray's sockets are under ``$RAY_TMPDIR/ray/session_…/sockets/``), through
+    ``$RAY_TMPDIR`` set on the MonkeyPatch ``mp``.
+
+    Fresh: the ``ray_current_cluster`` file that ``ray start`` writes (and ``--ray auto`` reads) is this run's own,
+    neither the machine's ``/tmp/ray`` one, which a cluster started earlier may have left pointing at a dead address,
+    nor one this run leaves behind for the next.
+    """
+    with short_temp_dir("skray") as path:
+        mp.setenv("RAY_TMPDIR", path)
+        yield path
 
 
 def save_tiny_reward(root, tokenizer, *, name: str, layers: int = 1, backbone_seed: int = 3, head_seed: int = 11):

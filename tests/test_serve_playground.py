@@ -6,6 +6,7 @@ taken this way on the real SmolLM2 server, see docs/serving.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -15,7 +16,7 @@ pytest.importorskip("fastapi")
 webdriver = pytest.importorskip("selenium.webdriver",
                                 reason='selenium is not installed: pip install "steerkit-rad[browser]"')
 
-from serve_support import ServerThread, tiny_engine, tiny_parts  # noqa: E402
+from serve_support import ServerThread, short_temp_dir, tiny_engine, tiny_parts  # noqa: E402
 
 from steerkit.serving.app import ServerSettings, create_app  # noqa: E402
 
@@ -30,17 +31,27 @@ pytestmark = [
 ]
 
 
+@contextlib.contextmanager
 def browser(width: int = 1400, height: int = 1000):
+    """Headless Chromium for the block, quit after it. Its profile and temporary files (where it puts its
+    sockets) are in a short temporary directory of its own, whatever ``$TMPDIR`` is."""
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
 
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 f"--window-size={width},{height}", "--disable-extensions", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"):
-        options.add_argument(flag)
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    with short_temp_dir("skchrome") as scratch:
+        options = Options()
+        options.binary_location = CHROMIUM
+        for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     f"--window-size={width},{height}", "--disable-extensions", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     f"--user-data-dir={os.path.join(scratch, 'profile')}"):
+            options.add_argument(flag)
+        service = Service(CHROMEDRIVER, env={**os.environ, "TMPDIR": scratch})
+        driver = webdriver.Chrome(service=service, options=options)
+        try:
+            yield driver
+        finally:
+            driver.quit()
 
 
 def drive(url: str, *, prompt: str | None = None, betas: dict | None = None, max_tokens: int = 24,
@@ -50,8 +61,7 @@ def drive(url: str, *, prompt: str | None = None, betas: dict | None = None, max
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    driver = browser()
-    try:
+    with browser() as driver:
         driver.get(url + "/")
         wait = WebDriverWait(driver, timeout)
         if api_key is not None:  # the page finds out from the 401 of GET /v1/models and asks for the key
@@ -93,8 +103,6 @@ def drive(url: str, *, prompt: str | None = None, betas: dict | None = None, max
             driver.execute_script("window.scrollTo(0, 0); document.activeElement.blur();")
             driver.save_screenshot(screenshot)
         return result
-    finally:
-        driver.quit()
 
 
 def test_the_playground_streams_both_panes_in_chromium(tmp_path):
