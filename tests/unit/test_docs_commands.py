@@ -4,6 +4,9 @@
   that exists and only options that command has, so a renamed or removed flag fails here, not in a user's terminal.
 * Every Python block parses (an excerpt marked as a snippet of a source file is checked against that file by
   test_plugin_docs.py; here it only has to be Python).
+* Every YAML block is a valid config of its kind, through the same validation a config file gets: the README's
+  steering config, the training configs (a block that shows a few fields is checked inside docs/training.md's
+  whole example), and the Ray Serve replicas section. A documented key that was renamed fails here.
 * No line is an unfilled template marker (a bare ``WORD_LIKE_THIS`` line, as a README once shipped).
 """
 
@@ -17,9 +20,14 @@ from pathlib import Path
 
 import pytest
 import typer
+import yaml
 from docs_support import blocks, commands
 
 from steerkit.cli.app import build_app
+from steerkit.config import SteeringConfig
+from steerkit.distributed.serve import ReplicaConfig
+from steerkit.errors import ConfigError
+from steerkit.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted(ROOT.glob("plugins/*/README.md"))]
@@ -97,3 +105,44 @@ def test_no_unfilled_template_marker():
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
              if MARKER.match(line.strip())]
     assert not wrong, "fill in or remove:\n" + "\n".join(wrong)
+
+
+def yaml_blocks(name: str) -> list[tuple[str, dict]]:
+    path = ROOT / name
+    return [(f"{name}:{start}", yaml.safe_load("\n".join(lines)))
+            for language, start, lines in blocks(path.read_text(encoding="utf-8")) if language == "yaml"]
+
+
+def validate(where: str, data: dict, training_example: dict) -> None:
+    """One documented YAML block through the validation of the config it belongs to."""
+    if "ray_serve" in data:
+        ReplicaConfig.from_dict(data["ray_serve"], source=where)
+    elif where.startswith("README"):
+        SteeringConfig.from_dict(data, source=where)
+    else:
+        TrainConfig.from_dict({**training_example, **data}, source=where)
+
+
+def test_every_yaml_block_is_a_valid_config():
+    training = yaml_blocks("docs/training.md")
+    example = training[0][1]
+    assert {"name", "backbone", "data"} <= set(example), "docs/training.md's first YAML block is not a whole config"
+    seen = [*yaml_blocks("README.md"), *training, *yaml_blocks("docs/token_rewards.md"),
+            *yaml_blocks("docs/scaling.md")]
+    assert len(seen) >= 6
+    for where, data in seen:
+        validate(where, data, example)
+    documented = {str(p.relative_to(ROOT)) for p in DOCS for language, _, _ in blocks(p.read_text(encoding="utf-8"))
+                  if language == "yaml"}
+    assert documented <= {"README.md", "docs/training.md", "docs/token_rewards.md", "docs/scaling.md"}, (
+        f"a new document has YAML blocks: add it to this test ({sorted(documented)})")
+
+
+def test_the_yaml_check_sees_a_renamed_key():
+    example = yaml_blocks("docs/training.md")[0][1]
+    with pytest.raises(ConfigError, match="num_layer"):
+        validate("docs/x.md:1", {"num_layer": 4}, example)
+    with pytest.raises(ConfigError, match="beta"):
+        validate("README.md:1", {"lm": "x", "rewards": [{"name": "toxicity", "weight": -5}]}, example)
+    with pytest.raises(ConfigError, match="replica"):
+        validate("docs/x.md:1", {"ray_serve": {"replica": 2}}, example)

@@ -97,8 +97,8 @@ def cluster_nodes(ray_env, tmp_path_factory):
     port = free_port()
     address = f"127.0.0.1:{port}"
     logs = tmp_path_factory.mktemp("ray-logs")
-    common = ["--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1", "--num-cpus", "2", "--num-gpus", "0",
-              "--dashboard-agent-listen-port", "0"]
+    common = ["--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1", "--num-cpus", "2",
+              "--num-gpus", "0", "--dashboard-agent-listen-port", "0"]
     # the `ray` of the environment running the tests, not whichever is first on PATH
     ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
     head = [ray_cli, "start", "--head", "--port", str(port), "--include-dashboard=false",
