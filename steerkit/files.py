@@ -5,6 +5,8 @@
   once; the memo key (:func:`_memo_key`) changes with any in-place edit.
 * :func:`atomic_write_text`: a temporary file in the same directory, fsynced, then renamed over the target,
   so readers never see a half-written file.
+* :func:`file_name`: a file name made from names a user chose (a scorer's reward path, a prompt set), within the
+  file system's 255 bytes a name.
 * :func:`_assemble_atomically`: a chunked packaged file (the Gemma 3 GGUF wheels) reassembled the same way.
 """
 
@@ -110,6 +112,22 @@ def atomic_write_text(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+#: The longest file name :func:`file_name` returns, in UTF-8 bytes, before its suffix (file systems allow 255).
+FILE_NAME_BYTES = 200
+
+
+def file_name(stem: str, suffix: str = "") -> str:
+    """``stem + suffix`` with ``/``, ``\\`` and ``:`` made ``_``; a stem over :data:`FILE_NAME_BYTES` bytes keeps its
+    start and ends in 16 hex digits of its SHA-256, so that two long names stay apart and the name stays valid."""
+    for char in "/\\:":
+        stem = stem.replace(char, "_")
+    if len(stem.encode()) > FILE_NAME_BYTES:
+        digest = hashlib.sha256(stem.encode()).hexdigest()[:16]
+        keep = stem.encode()[:FILE_NAME_BYTES - len(digest) - 1].decode(errors="ignore")
+        stem = f"{keep}-{digest}"
+    return stem + suffix
 
 
 def _assemble_atomically(module, target: Path) -> None:

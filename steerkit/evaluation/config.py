@@ -39,7 +39,7 @@ from ..models import DEFAULT_EVAL_LM, DEFAULT_LM
 Task = Literal["toxicity", "sentiment"]
 DEFAULT_SCORERS = {"toxicity": ["tox-block", "alt-profanity-check"], "sentiment": ["vader", "textblob"]}
 DEFAULT_DIRECTION = {"toxicity": "decrease", "sentiment": "increase"}
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]{0,99}$")  # names of files: at most 100 characters
 
 
 class PromptSet(BaseModel):
@@ -57,7 +57,8 @@ class PromptSet(BaseModel):
         if not self.name:
             self.name = Path(self.path).stem.replace("_prompts", "") or "prompts"
         if not _SAFE.match(self.name):
-            raise ValueError(f"prompt set name {self.name!r} may only use letters, digits and . _ = + -")
+            raise ValueError(f"prompt set name {self.name!r} may only use letters, digits and . _ = + - (at most "
+                             "100 characters); name the set: --prompts NAME=PATH, or name: in the config")
         return self
 
 
@@ -73,7 +74,7 @@ class Setting(BaseModel):
     @classmethod
     def _safe(cls, v: str) -> str:
         if not _SAFE.match(v):
-            raise ValueError(f"setting name {v!r} may only use letters, digits and . _ = + -")
+            raise ValueError(f"setting name {v!r} may only use letters, digits and . _ = + - (at most 100 characters)")
         return v
 
     @property

@@ -19,7 +19,7 @@ import json
 import math
 from pathlib import Path
 
-from ..files import atomic_write_text
+from ..files import atomic_write_text, file_name
 from . import metrics as M
 
 
@@ -153,7 +153,7 @@ def write_plots(result: dict, directory: str | Path, traces_dir: str | Path | No
     # one figure per registered metric with plotted columns: per scorer it applies to, then of the setting rows
     figures = [(name, info.get("measures")) for name, info in result.get("scorers", {}).items()] + [(None, None)]
     for scorer, measures in figures:
-        safe = "" if scorer is None else "_" + scorer.replace(":", "_").replace("/", "_")
+        safe = "" if scorer is None else f"_{scorer}"
         found = M.metrics_for("scores", measures) if scorer is not None else \
             M.metrics_for(("generations", "perplexities"))
         for metric in found:
@@ -161,14 +161,14 @@ def write_plots(result: dict, directory: str | Path, traces_dir: str | Path | No
                 continue
             for set_name in sets:
                 p = tradeoff_plot(result, set_name, scorer, metric.plotted(),
-                                  directory / f"{metric.figure}_vs_perplexity_{set_name}{safe}.png")
+                                  directory / file_name(f"{metric.figure}_vs_perplexity_{set_name}{safe}", ".png"))
                 if p:
                     title = f"{metric.figure.replace('_', ' ')} vs perplexity: {set_name}"
                     out[title + (f", {scorer}" if scorer is not None else "")] = p
     if traces_dir and Path(traces_dir).is_dir():
         for trace_file in sorted(Path(traces_dir).glob("*.json")):
             trace = json.loads(trace_file.read_text(encoding="utf-8"))
-            p = trace_plot(trace, directory / f"trace_{trace_file.stem}.png")
+            p = trace_plot(trace, directory / file_name(f"trace_{trace_file.stem}", ".png"))
             if p:
                 out[f"per-step rewards: {trace_file.stem}"] = p
     return out

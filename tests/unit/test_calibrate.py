@@ -227,7 +227,8 @@ def test_cli_json_parses_and_out_is_the_same_json(models, capsys, tmp_path):
     assert payload["rule"].startswith("For each sign of β") and payload["max_perplexity_ratio"] == 1.5
 
 
-def test_cli_prints_the_table_the_rule_and_a_line_per_sign(models, capsys):
+def test_cli_prints_the_table_the_rule_and_a_line_per_sign(models, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # whatever the terminal's width: a narrow one wraps the table's headers
     code, stdout, stderr = _run(["calibrate", models["rm"], "--lm", models["lm"], "-k", "8", "-t", "4", "-n", "1",
                                  "--betas=-5,5", "--max-perplexity-ratio", "2"], capsys)
     assert code == 0, stderr

@@ -1,6 +1,7 @@
 """``steerkit eval``: flags and config files are equivalent; an end-to-end run on tiny saved models."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -177,3 +178,35 @@ def test_ctrl_c_reports_how_to_resume(tmp_path, saved_models, monkeypatch):
     assert result.exit_code == 130
     text = " ".join(result.output.split())
     assert "2 of 6" in text and "rerun the same command to resume" in text
+
+
+def test_plots_of_a_scorer_with_a_long_reward_path_get_valid_file_names(tmp_path, saved_models):
+    """A scorer named by a reward directory's path goes into the plots' file names: a path longer than a file name
+    may be (255 bytes) still gives plots, each named within the limit (it ended in an OSError before)."""
+    lm_dir, rm_dir, prompts = saved_models
+    deep = tmp_path.joinpath(*[f"{c * 60}" for c in "defg"]) / "rm"
+    shutil.copytree(rm_dir, deep)
+    assert len(f"reward:{deep}".encode()) > 255
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["eval", "toxicity", "--prompts", f"tiny={prompts}", "--field", "meta.text",
+                                      "--lm", str(lm_dir), "--reward", str(rm_dir), "--beta", "5", "-n", "1", "-t",
+                                      "2", "--scorer", f"reward:{deep}", "--eval-lm", str(lm_dir), "-o", str(out),
+                                      "--threads", "1", "-q", "--no-compile"])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    plots = sorted(p.name for p in (out / "plots").iterdir())
+    assert any(name.startswith("toxicity_vs_perplexity_tiny_reward_") and name.endswith(".png") for name in plots)
+    assert all(len(name.encode()) <= 255 for name in plots), plots
+
+
+@pytest.mark.parametrize("where", ["prompts", "settings"])
+def test_names_that_become_file_names_are_bounded(where):
+    long = "n" * 101
+    data = {"task": "toxicity", "prompts": [{"path": "p.jsonl", "name": "p"}], "lm": "x", "reward": "r"}
+    if where == "prompts":
+        data["prompts"] = [{"path": "p.jsonl", "name": long}]
+    else:
+        data["settings"] = [{"name": long, "k": 20}]
+    with pytest.raises(ConfigError, match="at most 100 characters"):
+        EvalConfig.from_dict(data)
+    data["prompts"][0]["name"] = data.get("settings", [{}])[0]["name"] = "n" * 100
+    EvalConfig.from_dict(data)
