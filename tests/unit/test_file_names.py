@@ -15,7 +15,8 @@ def test_a_long_name_is_cut_to_the_limit_and_kept_apart_by_its_hash():
     first, second = "x" * 300 + "/one", "x" * 300 + "/two"
     a, b = file_name(first, ".png"), file_name(second, ".png")
     assert a != b and a.endswith(".png") and len(a.encode()) == FILE_NAME_BYTES + 4
-    assert a.startswith("x" * 100) and a[:-4].endswith(hashlib.sha256(first.replace("/", "_").encode()).hexdigest()[:16])
+    digest = hashlib.sha256(first.replace("/", "_").encode()).hexdigest()[:16]
+    assert a.startswith("x" * 100) and a[:-4].endswith(f"-{digest}")
     assert file_name(first, ".png") == a  # the same name every time: a rerun overwrites its own plot
 
 
