@@ -43,7 +43,9 @@ def test_the_logits_processor_example_draws_what_generate_draws(examples):
 
     namespace = run(examples[1])
     prompt_ids, ids = namespace["enc"]["input_ids"], namespace["ids"]
-    (prompt,) = [line.split('"')[1] for line in examples[1][1].splitlines() if "enc = tokenizer([" in line]
+    prompts = [line.split('"')[1] for line in examples[1][1].splitlines() if "enc = tokenizer([" in line]
+    assert len(prompts) == 1, "the README's LogitsProcessor example no longer reads one prompt: update this test"
+    (prompt,) = prompts
     out = steerkit.generate([prompt], lm="smollm2-135m-instruct", rewards={"toxicity": -50}, k=20,
                             max_new_tokens=20, seed=0)
     n = out.num_new_tokens[0]
