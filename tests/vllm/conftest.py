@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 
 import pytest
+from serve_support import short_temp_dir
 
 
 def vllm_installed() -> bool:
@@ -34,6 +36,16 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if any(item.nodeid.split("::")[0].endswith(name) for name in NEED_VLLM):
             item.add_marker(pytest.mark.filterwarnings(*VLLM_NOISE))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vllm_temp_dir():
+    """vLLM writes its distributed set-up file and its engine's ZMQ sockets under the temporary directory and leaves
+    them there: the session gets a short one of its own (socket paths may not exceed 107 bytes), removed after it."""
+    with short_temp_dir("skvllm") as path, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TMPDIR", path)
+        mp.setattr(tempfile, "tempdir", None)  # tempfile.gettempdir() reads $TMPDIR again
+        yield path
 
 
 @pytest.fixture(scope="session")
