@@ -162,6 +162,13 @@ def main() -> None:
     from steerkit.rewards.sequence import static_cache
 
     scratch_step = static_cache.SCRATCH_STEP
+
+    def switch(mode: str) -> None:
+        """steerkit's module switches as ``mode`` runs the step (every mode but the three variants: the defaults)."""
+        static_cache.COMPILE_COMMIT = mode != "compiled-eager-commit"
+        core.COMMIT_BY_INDEX = mode != "compiled-search-commit"
+        static_cache.SCRATCH_STEP = 10 if mode == "compiled-exact-scratch" else scratch_step
+
     result["cuda_graphs"] = args.cuda_graphs
     setups = [tuple(setup.split("/", 1)) for setup in args.setups]
     runs = [(mode, None, setup) for setup in setups for mode in args.modes if mode == "eager"]
@@ -177,9 +184,7 @@ def main() -> None:
             for name in args.rewards:
                 if (mode == "compiled-lm" and name == "plain") or (mode in SEQUENCE_MODES and name != "toxicity"):
                     continue
-                static_cache.COMPILE_COMMIT = mode != "compiled-eager-commit"
-                core.COMMIT_BY_INDEX = mode != "compiled-search-commit"
-                static_cache.SCRATCH_STEP = 10 if mode == "compiled-exact-scratch" else scratch_step
+                switch(mode)
                 try:
                     assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=MODES[mode], **setup)
                     if mode == "compiled-lm":
@@ -222,8 +227,7 @@ def main() -> None:
     def warmed_up():
         """The largest batch with the last reward, compiled (the first --cuda-graphs way), after one untimed run."""
         compiling.CUDA_GRAPHS = args.cuda_graphs[0]
-        static_cache.COMPILE_COMMIT = core.COMMIT_BY_INDEX = True
-        static_cache.SCRATCH_STEP = scratch_step
+        switch("compiled")
         rows, name, (dtype, backend) = max(args.rows), args.rewards[-1], setups[-1]
         prompts = [PROMPTS[i % len(PROMPTS)] for i in range(rows)]
         assembled = assemble(LM, REWARDS[name], k=20, device=args.device, compile=True, dtype=dtype, backend=backend)

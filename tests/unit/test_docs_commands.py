@@ -113,36 +113,38 @@ def yaml_blocks(name: str) -> list[tuple[str, dict]]:
             for language, start, lines in blocks(path.read_text(encoding="utf-8")) if language == "yaml"]
 
 
-def validate(where: str, data: dict, training_example: dict) -> None:
-    """One documented YAML block through the validation of the config it belongs to."""
-    if "ray_serve" in data:
-        ReplicaConfig.from_dict(data["ray_serve"], source=where)
-    elif where.startswith("README"):
-        SteeringConfig.from_dict(data, source=where)
-    else:
-        TrainConfig.from_dict({**training_example, **data}, source=where)
+#: The documents with YAML blocks, and the config their blocks belong to.
+YAML_CONFIGS = {"README.md": SteeringConfig, "docs/training.md": TrainConfig, "docs/token_rewards.md": TrainConfig,
+                "docs/scaling.md": ReplicaConfig}
+
+
+def validate(where: str, data: dict, config, training_example: dict) -> None:
+    """One documented YAML block through the validation of the ``config`` it belongs to: a training block inside
+    docs/training.md's whole example, a Ray Serve block as ``ReplicaConfig.from_file`` reads its section."""
+    if config is TrainConfig:
+        data = {**training_example, **data}
+    elif config is ReplicaConfig:
+        data = data.get("ray_serve", data)
+    config.from_dict(data, source=where)
 
 
 def test_every_yaml_block_is_a_valid_config():
-    training = yaml_blocks("docs/training.md")
-    example = training[0][1]
+    example = yaml_blocks("docs/training.md")[0][1]
     assert {"name", "backbone", "data"} <= set(example), "docs/training.md's first YAML block is not a whole config"
-    seen = [*yaml_blocks("README.md"), *training, *yaml_blocks("docs/token_rewards.md"),
-            *yaml_blocks("docs/scaling.md")]
+    seen = [(where, data, config) for name, config in YAML_CONFIGS.items() for where, data in yaml_blocks(name)]
     assert len(seen) >= 6
-    for where, data in seen:
-        validate(where, data, example)
+    for where, data, config in seen:
+        validate(where, data, config, example)
     documented = {str(p.relative_to(ROOT)) for p in DOCS for language, _, _ in blocks(p.read_text(encoding="utf-8"))
                   if language == "yaml"}
-    assert documented <= {"README.md", "docs/training.md", "docs/token_rewards.md", "docs/scaling.md"}, (
-        f"a new document has YAML blocks: add it to this test ({sorted(documented)})")
+    assert documented <= set(YAML_CONFIGS), f"a new document has YAML blocks: add it to YAML_CONFIGS ({documented})"
 
 
 def test_the_yaml_check_sees_a_renamed_key():
     example = yaml_blocks("docs/training.md")[0][1]
     with pytest.raises(ConfigError, match="num_layer"):
-        validate("docs/x.md:1", {"num_layer": 4}, example)
+        validate("docs/x.md:1", {"num_layer": 4}, TrainConfig, example)
     with pytest.raises(ConfigError, match="beta"):
-        validate("README.md:1", {"lm": "x", "rewards": [{"name": "toxicity", "weight": -5}]}, example)
+        validate("README.md:1", {"lm": "x", "rewards": [{"name": "toxicity", "weight": -5}]}, SteeringConfig, example)
     with pytest.raises(ConfigError, match="replica"):
-        validate("docs/x.md:1", {"ray_serve": {"replica": 2}}, example)
+        validate("docs/x.md:1", {"ray_serve": {"replica": 2}}, ReplicaConfig, example)

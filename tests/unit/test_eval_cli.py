@@ -200,13 +200,14 @@ def test_plots_of_a_scorer_with_a_long_reward_path_get_valid_file_names(tmp_path
 
 @pytest.mark.parametrize("where", ["prompts", "settings"])
 def test_names_that_become_file_names_are_bounded(where):
-    long = "n" * 101
-    data = {"task": "toxicity", "prompts": [{"path": "p.jsonl", "name": "p"}], "lm": "x", "reward": "r"}
-    if where == "prompts":
-        data["prompts"] = [{"path": "p.jsonl", "name": long}]
-    else:
-        data["settings"] = [{"name": long, "k": 20}]
+    def config(name: str) -> dict:
+        data = {"task": "toxicity", "prompts": [{"path": "p.jsonl", "name": "p"}], "lm": "x", "reward": "r"}
+        if where == "prompts":
+            data["prompts"][0]["name"] = name
+        else:
+            data["settings"] = [{"name": name, "k": 20}]
+        return data
+
     with pytest.raises(ConfigError, match="at most 100 characters"):
-        EvalConfig.from_dict(data)
-    data["prompts"][0]["name"] = data.get("settings", [{}])[0]["name"] = "n" * 100
-    EvalConfig.from_dict(data)
+        EvalConfig.from_dict(config("n" * 101))
+    EvalConfig.from_dict(config("n" * 100))
