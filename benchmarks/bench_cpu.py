@@ -7,7 +7,7 @@
   ``toxicity`` through :class:`~steerkit.integrations.llama_cpp.LlamaCppRAD` as its ``logits_processor``.
 * **steerkit's engine core with llama.cpp as the LM** (``engine="llama.cpp"``, Q4_1): plain, ``toxicity-token``,
   ``toxicity`` with the rewards in torch, in onnxruntime at int8 (``backend="onnx-int8"``) and in llama.cpp at Q8_0
-  (``backend="llama.cpp-q8"``); batch 1 and 8.
+  (``backend="llama.cpp-q8"``), and ``toxicity-lm`` (the head on llama.cpp's own final hidden state); batch 1 and 8.
 * **steerkit's own engine** (``engine="steerkit"``, transformers, F32: the same file dequantized; its weight-only
   int8 copy, ``dtype="int8"``; and its bf16-matmul copy, ``dtype="bfloat16"``, whose steered rows run the rewards on
   ``torch-bf16-compute``), eager and on the compiled static-shape step (``compile=True``): the same rows. The
@@ -54,6 +54,8 @@ PROMPTS = ["You are such a", "The weather in Paris today is", "I can't believe m
            "My favourite thing about winter is", "The meeting was cancelled because", "He looked at me and said",
            "The best way to learn a language is", "Those people are always"]
 REWARDS = {"plain": {}, "toxicity-token": {"toxicity-token": -20.0}, "toxicity": {"toxicity": -20.0}}
+#: the head on the LM's own state: it runs where the LM hands its state (engine="llama.cpp", the eager engine)
+LM_STATE = {"toxicity-lm": -20.0}
 #: the LM's weights in steerkit's own engine: dtype -> the row's weights label
 DTYPES = {"float32": "F32 (transformers)", "int8": "int8 (transformers)", "bfloat16": "bf16 (transformers)"}
 #: reward backends timed beside torch under engine="llama.cpp" (docs/backends.md): int8 onnxruntime, Q8_0 llama.cpp
@@ -137,7 +139,13 @@ def agreement(reference, other, prompts, tokens: int) -> dict:
 #: issue 25's batch-1 targets: (label, row, baseline row, at most this ratio)
 TARGETS = (("RAD through llama.cpp, toxicity-token, over llama.cpp Q4_1 plain", "toxicity-token", "Q4_1", 1.5),
            ("RAD through llama.cpp, toxicity, over llama.cpp Q4_1 plain", "toxicity", "Q4_1", 2.0),
-           ("steerkit's own engine compiled, plain F32, over llama.cpp F32", "compiled F32", "F32", 1.3))
+           ("steerkit's own engine compiled, plain F32, over llama.cpp F32", "compiled F32", "F32", 1.3),
+           # not issue 25's targets (None): the head on llama.cpp's own state, beside them
+           ("RAD through llama.cpp, toxicity-lm, over llama.cpp Q4_1 plain", "toxicity-lm", "Q4_1", None),
+           ("RAD through llama.cpp, toxicity-lm, over engine='llama.cpp' plain", "toxicity-lm", "llama.cpp engine",
+            None),
+           ("engine='llama.cpp' plain on an LM that keeps states, over one that does not",
+            "llama.cpp engine, states kept", "llama.cpp engine", None))
 
 
 def alternated_rounds(runs: dict, rounds: int) -> list[dict]:
@@ -166,10 +174,18 @@ def target_rounds(rounds: int, files: dict, tokenizer, hf, tokens: int, prompts)
 
     llms = {w: llama_cpp.Llama(model_path=str(files[w]), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False,
                                seed=0) for w in ("Q4_1", "F32")}
+    from steerkit.models import resolve
+
     llama_lm = (LlamaCppLM(str(files["Q4_1"]), threads=1), tokenizer)
+    # toxicity-lm on an LM of its own: once an LM keeps its states, every prompt runs in two calls
+    state_lm = (LlamaCppLM(str(files["Q4_1"]), threads=1, fingerprint=resolve(LM).fingerprint), tokenizer)
     runs = {"Q4_1": lambda: llama_own_loop(llms["Q4_1"], tokenizer, {}, tokens, prompts),
             "F32": lambda: llama_own_loop(llms["F32"], tokenizer, {}, tokens, prompts),
-            "compiled F32": lambda: engine_run(hf, {}, tokens, prompts, 1, compile=True)}
+            "compiled F32": lambda: engine_run(hf, {}, tokens, prompts, 1, compile=True),
+            "llama.cpp engine": lambda: engine_run(llama_lm, {}, tokens, prompts, 1),
+            "toxicity-lm": lambda: engine_run(state_lm, LM_STATE, tokens, prompts, 1),
+            # plain on the LM that keeps states (after the untimed first run of toxicity-lm): what keeping them costs
+            "llama.cpp engine, states kept": lambda: engine_run(state_lm, {}, tokens, prompts, 1)}
     for steering in ("toxicity-token", "toxicity"):
         for backend in ("onnx", *REWARD_BACKENDS):
             runs[f"{steering} ({backend})"] = (lambda s=steering, b=backend: engine_run(
@@ -186,7 +202,7 @@ def target_rounds(rounds: int, files: dict, tokenizer, hf, tokens: int, prompts)
     for label, _, _, target in TARGETS:
         values = [p["ratios"][label] for p in per_round]
         summary[label] = {"target_at_most": target, "per_round": values, "median": round(statistics.median(values), 3),
-                          "rounds_met": sum(v <= target for v in values)}
+                          "rounds_met": None if target is None else sum(v <= target for v in values)}
     return {"rounds": per_round, "targets": summary}
 
 
@@ -237,8 +253,9 @@ def main() -> None:
                   **target_rounds(args.targets, files, tokenizer, hf, args.tokens, few)}
         report = {"machine": {**machine, "load_after": os.getloadavg()}, **report}
         for label, row in report["targets"].items():
-            print(f"{label}: median {row['median']} (target <= {row['target_at_most']}; met in "
-                  f"{row['rounds_met']} of {args.targets} rounds)")
+            met = (f"target <= {row['target_at_most']}; met in {row['rounds_met']} of {args.targets} rounds"
+                   if row["target_at_most"] is not None else f"per round {row['per_round']}")
+            print(f"{label}: median {row['median']} ({met})")
         atomic_write_text(args.out, json.dumps(report, indent=2, ensure_ascii=False))
         print(f"wrote {args.out}")
         return
@@ -266,6 +283,8 @@ def main() -> None:
                    lambda: llama_own_loop(llm, tokenizer, rewards, args.tokens, few))
         del llm
     llama_lm = (LlamaCppLM(q4, threads=1), tokenizer)
+    # toxicity-lm on an LM of its own: once an LM keeps its states, every prompt runs in two calls
+    state_lm = (LlamaCppLM(q4, threads=1, fingerprint=resolve(LM).fingerprint), tokenizer)
     for batch in (1, 8):
         prompts = few if batch == 1 else PROMPTS
         for steering, rewards in REWARDS.items():
@@ -284,6 +303,10 @@ def main() -> None:
             for backend in REWARD_BACKENDS[:1] if rewards else ():  # the compiled LM with int8 onnxruntime rewards
                 record("steerkit (compiled)", "F32 (transformers)", f"{steering} ({backend})", batch,
                        lambda: engine_run(hf, rewards, args.tokens, prompts, batch, backend, compile=True))
+        record("steerkit + llama.cpp", "Q4_1", "toxicity-lm", batch,
+               lambda: engine_run(state_lm, LM_STATE, args.tokens, prompts, batch))
+        record("steerkit (eager)", "F32 (transformers)", "toxicity-lm", batch,
+               lambda: engine_run(hf, LM_STATE, args.tokens, prompts, batch))
     for row in rows:
         plain = next((r for r in rows if r["engine"] == row["engine"] and r["weights"] == row["weights"]
                       and r["batch"] == row["batch"] and r["steering"] == "plain"), None)

@@ -130,7 +130,8 @@ def load_llama_cpp_lm(reference: str, *, max_context: int | None = None, threads
             f"engine='llama.cpp' runs GGUF files; {reference!r} is a {source.kind} model. Pass a packaged model "
             "(e.g. smollm2-135m-instruct) or a .gguf file, or use engine='steerkit'.")
     import_llama_cpp()
-    lm = LlamaCppLM(source.location, max_context=max_context, threads=threads, name=str(reference))
+    lm = LlamaCppLM(source.location, max_context=max_context, threads=threads, name=str(reference),
+                    fingerprint=source.fingerprint)
     tokenizer = load_tokenizer(reference, source)
     if len(tokenizer) != lm.vocab_size:
         raise ModelFormatError(f"{reference!r}: the tokenizer has {len(tokenizer)} tokens but the GGUF's vocabulary "

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 
 from .lm_cache import lm_batch
-from .reward_groups import RewardGroup, join_groups
+from .reward_groups import RewardGroup, join_groups, prepare_lm_state
 from .rows import Row
 from .step import BatchPlan, StepOutput, chosen_index, make_plan, rad_step, raise_non_finite
 
@@ -81,6 +81,7 @@ class EngineCore:
         Returns ``{row: exception}`` for rows that could not start (``strict``: raises)."""
         prefilled = prefilled or {}
         failed: dict = {}
+        prepare_lm_state(self.batch, rows)
         if together:
             for row in rows:
                 row.start(self.tokenizer, self.batch.device, self.shared_rng, self.stream_text)
@@ -127,8 +128,8 @@ class EngineCore:
         return out
 
     def _join_rewards(self, rows: list[Row]) -> dict:
-        # the LM whose final hidden state this batch keeps, for rewards that read it (the static-shape step and
-        # llama.cpp keep none: such a reward's rows then fail to join, saying so)
+        # the LM whose final hidden state this batch keeps, for rewards that read it (the static-shape step keeps
+        # none: such a reward's rows then fail to join, saying so; llama.cpp's keeps it once asked, prepare_lm_state)
         lm = self.lm if getattr(self.batch, "supports_lm_state", False) else None
         return join_groups(self.groups, rows, self.tokenizer, strict=self.strict, name_of=self._names, lm=lm)
 

@@ -12,6 +12,12 @@ Rows hold sequence ids ("slots"). A prompt prefilled alone takes a free slot; a 
 (a failed or cancelled row) gives its slot back when it is dropped. The context is sized for the rows and tokens
 asked of it (:meth:`LlamaCppLM.ensure`): ``slots`` sequences of ``tokens_per_slot`` cells each, in separate KV
 streams, so that one row can never run another out of cache and a row's logits do not depend on the others.
+
+The LM's final hidden state (the input of its output layer, [B, d] in ``hidden``), which a reward that reads the
+LM's own state needs (``token_head.lm_state``, :mod:`steerkit.rewards.token.lm_state`), is read from llama.cpp's
+embeddings output once :meth:`LlamaCppLM.keep_state` has been called (the engine core calls it when such a reward
+comes). llama.cpp outputs every token of a call while embeddings are on, so a prompt's tokens then run in two
+calls: all but each sequence's last with embeddings off, then the last tokens with them on.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ class LlamaCppLM:
     is_llama_cpp = True
 
     def __init__(self, path: str, *, max_context: int | None = None, threads: int | None = None,
-                 name: str | None = None):
+                 name: str | None = None, fingerprint: str | None = None):
         self.lib = lib = import_llama_cpp()
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
@@ -76,7 +82,12 @@ class LlamaCppLM:
         self.path = str(path)
         self.threads = int(threads or torch.get_num_threads())
         self.config = SimpleNamespace(vocab_size=self.vocab_size, max_position_embeddings=limit,
+                                      hidden_size=int(lib.llama_model_n_embd(self.model)),
                                       _name_or_path=name or self.path, model_type="gguf")
+        #: the GGUF file's SHA-256 where the caller knows it (:func:`steerkit.assembly.load_llama_cpp_lm`): what a
+        #: reward tied to this LM's state checks, as on the transformers engine's LM
+        self.steerkit_fingerprint = fingerprint
+        self.states = False  # read the final hidden state beside the logits (keep_state)
         self.generation_config = SimpleNamespace(eos_token_id=eos)
         self.device = torch.device("cpu")
         self.ctx = None
@@ -126,6 +137,7 @@ class LlamaCppLM:
             # with the batch (other rows' masked cells in the attention), and greedy texts parted at near ties.
             params.kv_unified = False
             params.flash_attn_type = FLASH_ATTENTION
+            params.pooling_type = 0  # LLAMA_POOLING_TYPE_NONE: embeddings are each output token's final state
             params.no_perf = True
             ctx = lib.llama_init_from_model(self.model, params)
             if not ctx:
@@ -159,38 +171,70 @@ class LlamaCppLM:
                 self._free.append(slot)
         self._released.clear()
 
+    def keep_state(self) -> None:
+        """From now on, read each output token's final hidden state beside its logits (:meth:`decode`)."""
+        self.states = True
+
     # -- one llama_decode ---------------------------------------------------------------------------------
-    def decode(self, tokens: list[int], positions: list[int], slots: list[int], outputs: list[bool]) -> np.ndarray:
+    def decode(self, tokens, positions, slots, outputs) -> tuple[np.ndarray, np.ndarray | None]:
         """Run one batch of tokens (each with its position and sequence); returns the logits [n_out, V] of the
-        tokens marked in ``outputs``, in order. Longer batches than llama.cpp's are split (outputs kept in order)."""
+        tokens marked in ``outputs``, in order, and their final hidden states [n_out, d] once :meth:`keep_state`
+        was called (else None). Longer batches than llama.cpp's are split (outputs kept in order)."""
         with self._lock:
             self._flush()
-        results = []
+        if not self.states:
+            return self._decode(tokens, positions, slots, outputs, False)[0], None
+        marked = np.asarray(outputs, dtype=bool)
+        if not marked.all():
+            # embeddings on make llama.cpp output every token of a call: the unmarked tokens run first without
+            # them. A marked token must be its sequence's last here (a prompt's last token, a step's one token).
+            last = {}
+            for i, (slot, position) in enumerate(zip(slots, positions)):
+                last[slot] = max(last.get(slot, (-1, -1)), (int(position), i))
+            if any(marked[i] and last[slot][1] != i for i, slot in enumerate(slots)):
+                raise ValueError("decode: with states kept, a token marked for output must be its sequence's last")
+            rest = np.flatnonzero(~marked)
+            pick = (lambda values, where: [values[int(i)] for i in where])
+            self._decode(pick(tokens, rest), pick(positions, rest), pick(slots, rest), [False] * len(rest), False)
+            where = np.flatnonzero(marked)
+            tokens, positions, slots = pick(tokens, where), pick(positions, where), pick(slots, where)
+        return self._decode(tokens, positions, slots, [True] * len(tokens), True)
+
+    def _decode(self, tokens, positions, slots, outputs, states: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        lib, width = self.lib, self.config.hidden_size
+        if self.states and len(tokens):
+            lib.llama_set_embeddings(self.ctx, states)
+        logits, hidden = [], []
         for lo in range(0, len(tokens), self._batch.capacity):
             hi = min(len(tokens), lo + self._batch.capacity)
             n = self._batch.fill(positions[lo:hi], slots[lo:hi], outputs[lo:hi], tokens=tokens[lo:hi])
-            code = self.lib.llama_decode(self.ctx, self._batch.batch)
+            code = lib.llama_decode(self.ctx, self._batch.batch)
             if code != 0:
                 raise LlamaCppError(f"llama_decode failed with code {code} (1: no room in the KV cache) for {n} "
                                     f"tokens; a row may hold at most {self.tokens_per_slot} tokens here.")
             count = int(self._batch.logits[:n].sum())
             if count:
-                pointer = self.lib.llama_get_logits(self.ctx)
-                results.append(np.ctypeslib.as_array(pointer, shape=(count, self.vocab_size)).copy())
-        if not results:
-            return np.zeros((0, self.vocab_size), dtype=np.float32)
-        return results[0] if len(results) == 1 else np.concatenate(results)
+                pointer = lib.llama_get_logits(self.ctx)
+                logits.append(np.ctypeslib.as_array(pointer, shape=(count, self.vocab_size)).copy())
+                if states:
+                    pointer = lib.llama_get_embeddings(self.ctx)
+                    hidden.append(np.ctypeslib.as_array(pointer, shape=(count, width)).copy())
+        join = (lambda parts, shape: parts[0] if len(parts) == 1 else
+                np.concatenate(parts) if parts else np.zeros(shape, dtype=np.float32))
+        return join(logits, (0, self.vocab_size)), join(hidden, (0, width)) if states else None
 
     def make_batch(self) -> "LlamaCppBatch":
         return LlamaCppBatch(self)
 
 
 class LlamaPrefilled:
-    """A newcomer's prompt run in its own llama.cpp sequence: the slot, length and next-token logits [1, V]. Its
-    slot goes back to the model if it is dropped without joining a batch."""
+    """A newcomer's prompt run in its own llama.cpp sequence: the slot, length, next-token logits [1, V] and final
+    hidden state [1, d] (None unless the LM keeps states). Its slot goes back to the model if it is dropped without
+    joining a batch."""
 
-    def __init__(self, lm: LlamaCppLM, slot: int, length: int, logits: torch.Tensor):
-        self.slot, self.length, self.logits = slot, length, logits
+    def __init__(self, lm: LlamaCppLM, slot: int, length: int, logits: torch.Tensor,
+                 hidden: torch.Tensor | None = None):
+        self.slot, self.length, self.logits, self.hidden = slot, length, logits, hidden
         self._release = weakref.finalize(self, lm.give_slot, slot)
 
     def adopt(self) -> int:
@@ -213,18 +257,19 @@ class LlamaPrefillJob:
     def run_chunk(self) -> LlamaPrefilled | None:
         start, end = self.done, self.done + self.next_size
         last = end == len(self.ids)
-        logits = self.lm.decode(self.ids[start:end], list(range(start, end)), [self.slot] * (end - start),
-                                [False] * (end - start - 1) + [last])
+        logits, hidden = self.lm.decode(self.ids[start:end], list(range(start, end)), [self.slot] * (end - start),
+                                        [False] * (end - start - 1) + [last])
         self.done = end
         if not last:
             return None
         self._release.detach()
-        return LlamaPrefilled(self.lm, self.slot, len(self.ids), torch.from_numpy(logits))
+        return LlamaPrefilled(self.lm, self.slot, len(self.ids), torch.from_numpy(logits), _tensor(hidden))
 
 
 class LlamaCppBatch:
     """The engine core's LM state on llama.cpp (see the module docstring): row b is sequence ``slots[b]`` at
-    position ``pos[b]``; ``logits`` [B, V] float32 are the rows' next-token logits."""
+    position ``pos[b]``; ``logits`` [B, V] float32 are the rows' next-token logits and ``hidden`` [B, d] their final
+    hidden states once the LM keeps them (:meth:`keep_lm_state`; zeros for rows that ran before)."""
 
     def __init__(self, lm: LlamaCppLM):
         self.lm = lm
@@ -232,7 +277,18 @@ class LlamaCppBatch:
         self.slots: list[int] = []  # changed in place only: the finalizer gives back what it holds
         self.pos = np.zeros(0, dtype=np.int32)  # each row's next position
         self.logits: torch.Tensor | None = None
+        self.hidden: torch.Tensor | None = None
         weakref.finalize(self, _give_all, lm, self.slots)
+
+    @property
+    def supports_lm_state(self) -> bool:
+        """Whether ``hidden`` is kept: rewards that read the LM's state can join (the engine core asks)."""
+        return self.lm.states
+
+    def keep_lm_state(self) -> None:
+        """Keep the rows' final hidden states from the next prefill or step on (the engine core calls this before
+        it prefills a row with a reward that reads them)."""
+        self.lm.keep_state()
 
     def reserve(self, rows: int, tokens: int, budget: int | None = None) -> int:
         """Room for ``rows`` rows of up to ``tokens`` tokens each (prompt + generated), within ``budget`` tokens in
@@ -248,7 +304,7 @@ class LlamaCppBatch:
 
     def reset(self) -> None:
         _give_all(self.lm, self.slots)
-        self.pos, self.logits = self.pos[:0], None
+        self.pos, self.logits, self.hidden = self.pos[:0], None, None
 
     def prefill(self, ids: list[int]) -> LlamaPrefilled:
         return self.prefill_job(ids, len(ids)).run_chunk()
@@ -268,20 +324,25 @@ class LlamaCppBatch:
             seqs += [slot] * len(ids)
             outputs += [False] * (len(ids) - 1) + [True]
         try:
-            logits = self.lm.decode(tokens, positions, seqs, outputs)
+            logits, hidden = self.lm.decode(tokens, positions, seqs, outputs)
         except Exception:
             for slot in slots:
                 self.lm.give_slot(slot)
             raise
         self.slots[:] = slots
         self.pos = np.array([len(ids) for ids in rows_ids], dtype=np.int32)
-        self.logits = torch.from_numpy(logits)
+        self.logits, self.hidden = torch.from_numpy(logits), _tensor(hidden)
 
     def join(self, newcomers: list[LlamaPrefilled]) -> None:
         if not newcomers:
             return
         self.slots.extend(p.adopt() for p in newcomers)
         self.pos = np.concatenate([self.pos, np.array([p.length for p in newcomers], dtype=np.int32)])
+        if self.lm.states:  # a row that ran before the LM kept states has zeros (no reward reads them)
+            width = self.lm.config.hidden_size
+            before = self.hidden if self.hidden is not None else torch.zeros(self.pos.shape[0] - len(newcomers), width)
+            self.hidden = torch.cat([before] + [p.hidden if p.hidden is not None else torch.zeros(1, width)
+                                                for p in newcomers])
         logits = [p.logits for p in newcomers]
         self.logits = torch.cat(([self.logits] if self.logits is not None else []) + logits)
 
@@ -291,17 +352,22 @@ class LlamaCppBatch:
             self.lm.give_slot(self.slots[b])
         if not keep:
             self.slots.clear()
-            self.pos, self.logits = self.pos[:0], None
+            self.pos, self.logits, self.hidden = self.pos[:0], None, None
             return
         self.slots[:] = [self.slots[i] for i in keep]
         self.pos = self.pos[keep]
         self.logits = self.logits.index_select(0, index.to(self.logits.device))
+        self.hidden = None if self.hidden is None else self.hidden.index_select(0, index)
 
     def advance(self, tokens: torch.Tensor) -> None:
         """One ``llama_decode`` of each row's new token; every row's logits are read."""
-        logits = self.lm.decode(tokens.numpy(), self.pos, self.slots, np.ones(len(self.slots), dtype=np.int8))
+        logits, hidden = self.lm.decode(tokens.numpy(), self.pos, self.slots, np.ones(len(self.slots), dtype=np.int8))
         self.pos = self.pos + 1
-        self.logits = torch.from_numpy(logits)
+        self.logits, self.hidden = torch.from_numpy(logits), _tensor(hidden)
+
+
+def _tensor(array: np.ndarray | None) -> torch.Tensor | None:
+    return None if array is None else torch.from_numpy(array)
 
 
 def _give_all(lm: LlamaCppLM, slots: list[int]) -> None:

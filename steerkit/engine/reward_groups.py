@@ -41,6 +41,14 @@ class Part:
         return self._index[1]
 
 
+def prepare_lm_state(batch, rows) -> None:
+    """Before ``rows`` are prefilled: an LM batch that keeps the LM's final hidden states only when asked
+    (``keep_lm_state``: llama.cpp's) keeps them if a reward of these rows reads them."""
+    keep = getattr(batch, "keep_lm_state", None)
+    if keep is not None and any(reads_lm_state(term.reward) for row in rows for term in row.terms):
+        keep()
+
+
 def join_groups(groups: dict, rows: list, tokenizer, *, strict: bool, name_of, lm=None) -> dict:
     """Add ``rows`` to the reward groups of ``groups`` (``{id(reward): RewardGroup}``), one group per reward their
     terms use (made on first use, named ``name_of(reward)``). Returns ``{row: exception}`` for rows that could not

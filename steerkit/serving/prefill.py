@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 
 from ..engine.lm_cache import PrefillJob
+from ..engine.reward_groups import prepare_lm_state
 from ..engine.rows import Row
 
 
@@ -52,6 +53,7 @@ class Prefills:
         the batch (None: a short prompt, which the engine core prefills whole) and rows that failed."""
         ready: dict = {}
         failed: dict = {}
+        prepare_lm_state(self.batch, taken)
         if self.jobs:
             self._advance(next(iter(self.jobs)), ready, failed)
         for row in taken:

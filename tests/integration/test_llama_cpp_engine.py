@@ -209,3 +209,118 @@ def test_serve_with_llama_cpp_answers_the_openai_client():
     expected = [steerkit.generate([p], lm=LM, engine="llama.cpp", rewards={"toxicity-token": -20}, k=20,
                                   max_new_tokens=12, do_sample=False).texts[0] for p in PROMPTS[:3]]
     assert served == expected
+
+
+# -- a reward that reads the LM's own state (`toxicity-lm`) through llama.cpp ------------------------------------
+
+#: the most |Δρ| between the two engines' `toxicity-lm` rewards of the same candidates (measured: see the test)
+STATE_F32_TOLERANCE = 1e-3
+STATE_Q4_1_TOLERANCE = 0.05
+
+
+def _state_rewards_on_common_steps(ours, theirs, name: str, rows: int) -> list[float]:
+    """|Δρ| of every candidate both runs scored, at each step until the two rows' chosen tokens part."""
+    deltas = []
+    for row in range(rows):
+        for a, b in zip(ours.traces[0], theirs.traces[0]):
+            rho_b = dict(zip(b.topk_ids[row].tolist(), b.rewards[name][row].tolist()))
+            deltas += [abs(r - rho_b[t]) for t, r in zip(a.topk_ids[row].tolist(), a.rewards[name][row].tolist())
+                       if t in rho_b]
+            chosen_a, chosen_b = int(a.chosen[row]), int(b.chosen[row])
+            if chosen_a < 0 or chosen_b < 0 or int(a.topk_ids[row][chosen_a]) != int(b.topk_ids[row][chosen_b]):
+                break
+    return deltas
+
+
+@pytest.mark.parametrize("weights", ["f32", "q4_1"])
+def test_the_lm_state_head_reads_llama_cpps_state_as_steerkits_engine(f32_gguf, hf, weights):
+    """`toxicity-lm` scores from the LM's final hidden state; through llama.cpp that state is read from llama.cpp's
+    embeddings output. On the F32 GGUF (the packaged file's own weights, so given its fingerprint) the rewards equal
+    steerkit's engine's up to float noise; on the packaged Q4_1 file llama.cpp multiplies 8-bit activations, so they
+    move more (the bound is the measured worst, with room)."""
+    import steerkit
+    from steerkit.engine.llama_cpp_lm import LlamaCppLM
+    from steerkit.models import resolve
+
+    model, tokenizer = hf
+    path = str(f32_gguf) if weights == "f32" else resolve(LM).location
+    lm = LlamaCppLM(path, threads=1, fingerprint=resolve(LM).fingerprint)
+    kwargs = dict(rewards={"toxicity-lm": -20.0}, k=20, max_new_tokens=24, do_sample=False, return_traces=True)
+    ours = steerkit.generate(PROMPTS, lm=(model, tokenizer), **kwargs)
+    theirs = steerkit.generate(PROMPTS, lm=(lm, tokenizer), **kwargs)
+    deltas = _state_rewards_on_common_steps(ours, theirs, "toxicity-lm", len(PROMPTS))
+    assert len(deltas) >= 10 * len(PROMPTS)
+    mean = sum(deltas) / len(deltas)
+    print(f"{weights}: {len(deltas)} rewards compared, max |Δρ| {max(deltas):.2e}, mean {mean:.2e}")
+    assert max(deltas) <= (STATE_F32_TOLERANCE if weights == "f32" else STATE_Q4_1_TOLERANCE)
+
+
+def test_the_lm_state_through_llama_cpp_rows_join_and_leave():
+    """Rows of a state-reading reward: a batch equals each row alone, also in chunks of 2 (states of rows that
+    join, leave and stay kept in order), and a batch whose rewards read no state keeps none."""
+    import steerkit
+    from steerkit.assembly import load_llama_cpp_lm
+
+    kwargs = dict(lm=LM, engine="llama.cpp", rewards={"toxicity-lm": -20}, k=20, max_new_tokens=16,
+                  do_sample=False)
+    together = steerkit.generate(PROMPTS[:3], **kwargs)
+    chunked = steerkit.generate(PROMPTS[:3], batch_size=2, **kwargs)
+    alone = [steerkit.generate([p], **kwargs).texts[0] for p in PROMPTS[:3]]
+    assert together.texts == alone == chunked.texts
+    lm, tokenizer = load_llama_cpp_lm(LM)[:2]  # a fresh one: it reads states only once a reward needs them
+    steerkit.generate(PROMPTS[:1], lm=(lm, tokenizer), rewards={"toxicity-token": -20}, max_new_tokens=2)
+    assert not lm.states
+    steerkit.generate(PROMPTS[:1], lm=(lm, tokenizer), rewards={"toxicity-lm": -20}, max_new_tokens=2)
+    assert lm.states
+
+
+def test_the_lm_state_head_refuses_another_gguf_and_runs_from_the_cli(f32_gguf):
+    import steerkit
+    from steerkit.errors import LMStateUnavailableError
+
+    from conftest import generate_cli
+
+    # the F32 file by path has another fingerprint than the packaged file the head was trained on
+    with pytest.raises(LMStateUnavailableError, match="weights"):
+        steerkit.generate(PROMPTS[:1], lm=str(f32_gguf), engine="llama.cpp", rewards={"toxicity-lm": -20},
+                          max_new_tokens=2)
+    expected = steerkit.generate(PROMPTS[:1], lm=LM, engine="llama.cpp", rewards={"toxicity-lm": -20}, k=20,
+                                 max_new_tokens=8, do_sample=False).texts
+    done = generate_cli(PROMPTS[0], "--engine", "llama.cpp", "--reward", "toxicity-lm=-20", "-k", "20", "--greedy",
+                        "-t", "8", "--json", timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [g["text"] for g in json.loads(done.stdout)["generations"]] == expected
+
+
+def test_serve_with_llama_cpp_steers_with_the_lm_state_in_chunked_prefill():
+    """The server turns the state on when the first such request comes, while other rows run; a prompt longer than
+    the prefill chunk runs in chunks (all but its last token without embeddings)."""
+    pytest.importorskip("fastapi")
+    openai = pytest.importorskip("openai")
+    import concurrent.futures
+
+    from serve_support import ServerThread
+    import steerkit
+    from steerkit.config import SteeringConfig
+    from steerkit.serving.app import ServerSettings, create_app
+    from steerkit.serving.engine import Engine
+
+    engine = Engine.from_config(SteeringConfig(lm=LM, engine="llama.cpp"), max_running=4, max_queue=8,
+                                prefill_chunk=4)
+    asks = [(PROMPTS[0], "toxicity-token"), (PROMPTS[2], "toxicity-lm"), (PROMPTS[4], "toxicity-lm")]
+    with ServerThread(create_app(engine, settings=ServerSettings(timeout_s=300))) as running:
+        client = openai.OpenAI(base_url=running.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+
+        def ask(item):
+            prompt, reward = item
+            out = client.completions.create(model=engine.model_name, prompt=prompt, max_tokens=12, temperature=0,
+                                            extra_body={"rewards": {reward: -20}, "k": 20})
+            return out.choices[0].text
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            served = list(pool.map(ask, asks))
+    assert all(served)
+    for (prompt, reward), text in zip(asks[1:], served[1:]):
+        alone = steerkit.generate([prompt], lm=LM, engine="llama.cpp", rewards={reward: -20}, k=20,
+                                  max_new_tokens=12, do_sample=False).texts[0]
+        assert text == alone

@@ -1,6 +1,6 @@
 """The shipped `toxicity-lm` (a token head on SmolLM2-135M-Instruct's own final hidden state) steering the real LM:
 the engine's rewards are the head on the LM's own forward of prompt + continuation, and every surface that hands no
-state, or another LM, is refused by name."""
+state, or another LM, is refused by name. (Through llama.cpp: tests/integration/test_llama_cpp_engine.py.)"""
 
 import pytest
 import torch
@@ -56,12 +56,10 @@ def test_another_lm_is_refused(setup):
         steerkit.generate("You are such a", lm=(other, tokenizer), rewards={"toxicity-lm": -20.0}, max_new_tokens=2)
 
 
-@pytest.mark.parametrize("option", [["--compile"], ["--engine", "llama.cpp"]])
-def test_engines_without_the_lm_state_refuse_it_from_the_cli(setup, option):
-    if option[-1] == "llama.cpp":
-        pytest.importorskip("llama_cpp", reason="llama-cpp-python not installed: pip install 'steerkit-rad[llama-cpp]'")
-    done = generate_cli("You are such a", "--reward", "toxicity-lm=-20", "-k", "20", "--max-new-tokens", "4", *option,
-                        timeout=600)
+def test_the_compiled_step_refuses_it_from_the_cli(setup):
+    # (llama.cpp hands the state: tests/integration/test_llama_cpp_engine.py)
+    done = generate_cli("You are such a", "--reward", "toxicity-lm=-20", "-k", "20", "--max-new-tokens", "4",
+                        "--compile", timeout=600)
     assert done.returncode != 0
     assert "reads the language model's own final hidden state" in done.stderr and "Traceback" not in done.stderr
 

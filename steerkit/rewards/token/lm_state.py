@@ -13,9 +13,11 @@ What follows from reading the LM's state:
 * **Only its LM.** The head was fitted to one LM's hidden states: :func:`check_lm` refuses another LM (the model
   directory's ``backbone_fingerprint`` against the LM's, or the output embeddings where an LM built in code has no
   fingerprint) with :class:`~steerkit.errors.LMStateUnavailableError`.
-* **Only steerkit's engine.** transformers' ``generate`` (the ``LogitsProcessor``), vLLM, llama.cpp and the compiled
-  static-shape step do not hand rewards the LM's hidden state; there the reward raises the same error, naming the
-  token-level reward that runs its own backbone (``toxicity-token``) as the one to use.
+* **Only steerkit's engine core.** Its transformers LM and its llama.cpp LM (``engine="llama.cpp"``, which reads the
+  state from llama.cpp's embeddings output, :mod:`steerkit.engine.llama_cpp_lm`) hand rewards the LM's hidden state.
+  transformers' ``generate`` (the ``LogitsProcessor``), vLLM, llama-cpp-python's own loop (``LlamaCppRAD``) and the
+  compiled static-shape step do not; there the reward raises the same error, naming the token-level reward that
+  runs its own backbone (``toxicity-token``) as the one to use.
 * **The prompt is read.** The LM's state includes the prompt (and a chat template, where one is applied), so the
   reward scores prompt + continuation, as a token reward with ``context="full"`` does; it has no ``continuation``
   mode.
@@ -34,8 +36,8 @@ from ...errors import LMStateUnavailableError
 from .model import candidate_logits, check_vocabulary
 
 #: what to use instead, in the errors below
-_ELSEWHERE = ("Use it through steerkit's own engine (steerkit.generate, `steerkit generate`, `steerkit serve`, "
-              "`steerkit eval`, without --compile and without --engine llama.cpp), or use a token-level reward that "
+_ELSEWHERE = ("Use it through steerkit's own engine core (steerkit.generate, `steerkit generate`, `steerkit serve`, "
+              "`steerkit eval`, without --compile; --engine llama.cpp included), or use a token-level reward that "
               "runs its own backbone there (e.g. `toxicity-token`).")
 
 
