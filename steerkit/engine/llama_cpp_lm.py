@@ -193,11 +193,9 @@ class LlamaCppLM:
                 last[slot] = max(last.get(slot, (-1, -1)), (int(position), i))
             if any(marked[i] and last[slot][1] != i for i, slot in enumerate(slots)):
                 raise ValueError("decode: with states kept, a token marked for output must be its sequence's last")
-            rest = np.flatnonzero(~marked)
-            pick = (lambda values, where: [values[int(i)] for i in where])
-            self._decode(pick(tokens, rest), pick(positions, rest), pick(slots, rest), [False] * len(rest), False)
-            where = np.flatnonzero(marked)
-            tokens, positions, slots = pick(tokens, where), pick(positions, where), pick(slots, where)
+            rest, where = np.flatnonzero(~marked), np.flatnonzero(marked)
+            self._decode(_take(tokens, rest), _take(positions, rest), _take(slots, rest), [False] * len(rest), False)
+            tokens, positions, slots = _take(tokens, where), _take(positions, where), _take(slots, where)
         return self._decode(tokens, positions, slots, [True] * len(tokens), True)
 
     def _decode(self, tokens, positions, slots, outputs, states: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -219,9 +217,7 @@ class LlamaCppLM:
                 if states:
                     pointer = lib.llama_get_embeddings(self.ctx)
                     hidden.append(np.ctypeslib.as_array(pointer, shape=(count, width)).copy())
-        join = (lambda parts, shape: parts[0] if len(parts) == 1 else
-                np.concatenate(parts) if parts else np.zeros(shape, dtype=np.float32))
-        return join(logits, (0, self.vocab_size)), join(hidden, (0, width)) if states else None
+        return _rows(logits, self.vocab_size), _rows(hidden, width) if states else None
 
     def make_batch(self) -> "LlamaCppBatch":
         return LlamaCppBatch(self)
@@ -364,6 +360,15 @@ class LlamaCppBatch:
         logits, hidden = self.lm.decode(tokens.numpy(), self.pos, self.slots, np.ones(len(self.slots), dtype=np.int8))
         self.pos = self.pos + 1
         self.logits, self.hidden = torch.from_numpy(logits), _tensor(hidden)
+
+
+def _take(values, where) -> list:
+    return [values[int(i)] for i in where]
+
+
+def _rows(parts: list[np.ndarray], width: int) -> np.ndarray:
+    """The row blocks of one decode's llama_decode calls, as one [n, width] array."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros((0, width), np.float32)
 
 
 def _tensor(array: np.ndarray | None) -> torch.Tensor | None:
