@@ -5,19 +5,22 @@ decoding meets. The measure of a recipe is therefore how a model trained on all 
 source it never saw. This runs one fold per source (or group) plus one on all sources, each with the same
 recipe (usually fewer ``steps`` than the shipped run), and writes ``DIR/cross_source.json`` and ``.md``:
 
-* a fold's model goes to ``DIR/<fold>/`` (its card and metrics.json included) with checkpoints next to it;
+* a fold's model goes to ``DIR/<fold>/`` (its card and metrics.json included) with checkpoints next to it; the
+  fold's directory is ``all`` or ``without-<the left-out group's name, lower-case, runs of other characters as
+  "-">`` (:func:`fold_dirs`: names that give the same directory, or one too long for a file name, end in a digest);
 * a finished fold (``metrics.json`` present) is not trained again, and an interrupted fold resumes from its
   checkpoint, so rerunning the command after a stop continues where it stopped.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
 from pathlib import Path
 
-from ..files import atomic_write_text
+from ..files import atomic_write_text, file_name
 from .card import cross_source_lines
 from .checkpoint import has_checkpoints
 from .config import TrainConfig
@@ -28,6 +31,20 @@ ALL_SOURCES = "all sources"
 
 def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "source"
+
+
+def fold_dirs(groups: list[str]) -> dict[str | None, str]:
+    """Each fold's directory name: ``all`` (key None) and ``without-<slug>`` per left-out group. Two groups whose
+    names give one slug ("Reddit!" and "reddit?") get 8 hex digits of their name's SHA-256 after it, so that no
+    fold trains into another's directory, and a name too long for a file name is cut by
+    :func:`steerkit.files.file_name` (its checkpoints' sibling ``.checkpoints`` still fits)."""
+    slugs = {group: _slug(group) for group in groups}
+    names: dict[str | None, str] = {None: "all"}
+    for group, slug in slugs.items():
+        shared = sum(other == slug for other in slugs.values()) > 1
+        names[group] = file_name(f"without-{slug}" + (f"-{hashlib.sha256(group.encode()).hexdigest()[:8]}"
+                                                      if shared else ""))
+    return names
 
 
 def fold_names(config: TrainConfig) -> list[str]:
@@ -45,11 +62,12 @@ def run_cross_source(config: TrainConfig, directory: Path, *, progress: bool = T
 
     directory.mkdir(parents=True, exist_ok=True)
     groups = fold_names(config)
+    dirs = fold_dirs(groups)
     metric = config.selection_metric
     folds = []
     for left_out in [None] + groups:
         name = ALL_SOURCES if left_out is None else f"all but {left_out}"
-        out = directory / ("all" if left_out is None else f"without-{_slug(left_out)}")
+        out = directory / dirs[left_out]
         done = out / "metrics.json"
         if not done.is_file():
             ckpt = Path(str(out) + ".checkpoints")

@@ -369,3 +369,16 @@ def test_assess_measures_an_existing_model_exactly_as_training_reported(two_sour
         for name, m in measured[section].items():
             assert m["n"] == result.metrics[section][name]["n"]
             assert m["mse"] == pytest.approx(result.metrics[section][name]["mse"], abs=1e-6)
+
+
+def test_fold_directories_are_distinct_and_valid_file_names():
+    from steerkit.training.cross_source import fold_dirs
+
+    long = "a source named at great length " * 12  # 360 characters
+    dirs = fold_dirs(["Reddit!", "reddit?", "Films", long, long + "2"])
+    assert dirs[None] == "all" and dirs["Films"] == "without-films"
+    assert len(set(dirs.values())) == len(dirs)  # no fold trains into another's directory
+    assert dirs["Reddit!"].startswith("without-reddit-") and dirs["reddit?"].startswith("without-reddit-")
+    for name in dirs.values():  # the checkpoints' sibling included
+        assert len((name + ".checkpoints").encode()) <= 255 and "/" not in name
+    assert fold_dirs(["Reddit!", "reddit?"]) == {k: dirs[k] for k in (None, "Reddit!", "reddit?")}  # reruns agree
