@@ -114,7 +114,9 @@ class LlamaCppLM:
     # -- the context --------------------------------------------------------------------------------------
     def ensure(self, slots: int, tokens: int) -> None:
         """Have a context of at least ``slots`` sequences of ``tokens`` cells each; re-created (empty) only when
-        it is smaller and no slot is in use."""
+        it is smaller and no slot is in use, at the shape asked now: not at the larger of the old and new shapes,
+        which after a few long rows (a server's reservation) and many short ones (a wide ``generate``) would hold
+        their product (4 × 8,192 then 128 × 256 tokens would have been 128 × 8,192: 24 GB of KV for SmolLM2)."""
         tokens = min(self.config.max_position_embeddings, CELL_QUANTUM * math.ceil(max(1, tokens) / CELL_QUANTUM))
         if self.ctx is not None and slots <= self.slots and tokens <= self.tokens_per_slot:
             return
@@ -123,7 +125,6 @@ class LlamaCppLM:
             if self.ctx is not None and len(self._free) != self.slots:
                 raise LlamaCppError(f"the llama.cpp context holds {self.slots - len(self._free)} running rows and "
                                     f"cannot grow to {slots} rows of {tokens} tokens now.")
-            slots, tokens = max(slots, self.slots), max(tokens, self.tokens_per_slot)
             if self._free_ctx is not None:
                 self._free_ctx()
             lib = self.lib
