@@ -21,7 +21,7 @@ import json
 import pytest
 import torch
 
-from conftest import requires_smollm2
+from conftest import generate_cli, requires_smollm2
 
 llama_cpp = pytest.importorskip(
     "llama_cpp", reason='llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" pip install '
@@ -293,8 +293,6 @@ def test_the_lm_state_through_llama_cpp_rows_join_and_leave():
 def test_the_lm_state_head_refuses_another_gguf_and_runs_from_the_cli(f32_gguf):
     import steerkit
     from steerkit.errors import LMStateUnavailableError
-
-    from conftest import generate_cli
 
     # the F32 file by path has another fingerprint than the packaged file the head was trained on
     with pytest.raises(LMStateUnavailableError, match="weights"):
