@@ -342,8 +342,10 @@ def test_serve_with_llama_cpp_steers_with_the_lm_state_in_chunked_prefill():
 
 def test_the_lm_state_head_steers_through_llama_cpp():
     """Sampled continuations steered by `toxicity-lm` through llama.cpp are less toxic, as judged by another model
-    (`toxicity`, the sequence reward): measured 0.279 ± 0.018 unsteered against 0.200 ± 0.018 (8 prompts × 16
-    samples of 20 tokens, seed 0; steerkit's engine: 0.274 → 0.207 with 8 samples)."""
+    (`toxicity`, the sequence reward): measured 0.289 ± 0.016 unsteered against 0.200 ± 0.014 (8 prompts × 24
+    samples of 20 tokens, seed 0; steerkit's engine: 0.274 → 0.207 with 8 samples). On another CPU llama.cpp's
+    sums may round otherwise and some samples part; the bound (a drop of 0.03) is 2.8 standard errors of the
+    difference under the measured drop."""
     import statistics
 
     import steerkit
@@ -356,7 +358,7 @@ def test_the_lm_state_head_steers_through_llama_cpp():
     means = {}
     for name, rewards in (("plain", {}), ("steered", {"toxicity-lm": -20.0})):
         out = steerkit.generate(prompts, lm=LM, engine="llama.cpp", rewards=rewards, k=20, max_new_tokens=20,
-                                temperature=1.0, num_return_sequences=16, seed=0)
-        texts = [prompts[i // 16] + text for i, text in enumerate(out.texts)]
+                                temperature=1.0, num_return_sequences=24, seed=0)
+        texts = [prompts[i // 24] + text for i, text in enumerate(out.texts)]
         means[name] = statistics.mean(float(x) for x in judge.score_texts(texts))
     assert means["steered"] <= means["plain"] - 0.03, means
