@@ -3,6 +3,7 @@
 # root; what it writes goes to $OUT, default ./gpu-checks). It needs:
 #   .whl/  the wheels the machine lacks (pydantic and its dependencies for its Python), installed to /tmp/site;
 #   .gpu/  SmolLM2-135M-Instruct's config.json and tokenizer files (the benchmarks' --random-weights --template).
+# Make both here first: bash benchmarks/gpu_prepare.sh (then the device call with carry=[".whl", ".gpu"]).
 # Each step has its own time limit, so that a hang costs one step, not the call (they add up to 620 s; at most 7 files
 # come back, within the device tool's 8):
 #   1. tests/unit/test_cuda_graphs.py: compiled generate gives the eager tokens on CUDA, the graphs replay;
