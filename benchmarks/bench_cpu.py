@@ -148,6 +148,17 @@ TARGETS = (("RAD through llama.cpp, toxicity-token, over llama.cpp Q4_1 plain", 
             "llama.cpp engine, states kept", "llama.cpp engine", None))
 
 
+def llama_engine_lms(path, tokenizer) -> tuple[tuple, tuple]:
+    """Two ``engine="llama.cpp"`` LMs of one GGUF: one for the rewards that run their own models, and one of its own
+    for ``toxicity-lm`` (given the packaged file's fingerprint), since an LM that keeps its states runs every prompt
+    in two calls from then on."""
+    from steerkit.engine.llama_cpp_lm import LlamaCppLM
+    from steerkit.models import resolve
+
+    return ((LlamaCppLM(str(path), threads=1), tokenizer),
+            (LlamaCppLM(str(path), threads=1, fingerprint=resolve(LM).fingerprint), tokenizer))
+
+
 def alternated_rounds(runs: dict, rounds: int) -> list[dict]:
     """ms per token of each run per round: every run once untimed (loads, exports, compiles), then ``rounds`` rounds
     of the runs in turn, their order reversed every round (a run returns seconds, tokens and texts, as
@@ -170,15 +181,9 @@ def target_rounds(rounds: int, files: dict, tokenizer, hf, tokens: int, prompts)
     ratio per round (a steered row with each reward backend; its best backend decides)."""
     import llama_cpp
 
-    from steerkit.engine.llama_cpp_lm import LlamaCppLM
-
     llms = {w: llama_cpp.Llama(model_path=str(files[w]), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False,
                                seed=0) for w in ("Q4_1", "F32")}
-    from steerkit.models import resolve
-
-    llama_lm = (LlamaCppLM(str(files["Q4_1"]), threads=1), tokenizer)
-    # toxicity-lm on an LM of its own: once an LM keeps its states, every prompt runs in two calls
-    state_lm = (LlamaCppLM(str(files["Q4_1"]), threads=1, fingerprint=resolve(LM).fingerprint), tokenizer)
+    llama_lm, state_lm = llama_engine_lms(files["Q4_1"], tokenizer)
     runs = {"Q4_1": lambda: llama_own_loop(llms["Q4_1"], tokenizer, {}, tokens, prompts),
             "F32": lambda: llama_own_loop(llms["F32"], tokenizer, {}, tokens, prompts),
             "compiled F32": lambda: engine_run(hf, {}, tokens, prompts, 1, compile=True),
@@ -282,9 +287,7 @@ def main() -> None:
             record("llama.cpp (own loop)", weights, steering, 1,
                    lambda: llama_own_loop(llm, tokenizer, rewards, args.tokens, few))
         del llm
-    llama_lm = (LlamaCppLM(q4, threads=1), tokenizer)
-    # toxicity-lm on an LM of its own: once an LM keeps its states, every prompt runs in two calls
-    state_lm = (LlamaCppLM(q4, threads=1, fingerprint=resolve(LM).fingerprint), tokenizer)
+    llama_lm, state_lm = llama_engine_lms(q4, tokenizer)
     for batch in (1, 8):
         prompts = few if batch == 1 else PROMPTS
         for steering, rewards in REWARDS.items():

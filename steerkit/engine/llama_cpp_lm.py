@@ -15,8 +15,8 @@ streams, so that one row can never run another out of cache and a row's logits d
 
 The LM's final hidden state (the input of its output layer, [B, d] in ``hidden``), which a reward that reads the
 LM's own state needs (``token_head.lm_state``, :mod:`steerkit.rewards.token.lm_state`), is read from llama.cpp's
-embeddings output once :meth:`LlamaCppLM.keep_state` has been called (the engine core calls it when such a reward
-comes). llama.cpp outputs every token of a call while embeddings are on, so a prompt's tokens then run in two
+embeddings output once :meth:`LlamaCppBatch.keep_lm_state` has been called (the engine core calls it when such a
+reward comes). llama.cpp outputs every token of a call while embeddings are on, so a prompt's tokens then run in two
 calls: all but each sequence's last with embeddings off, then the last tokens with them on.
 """
 
@@ -87,7 +87,7 @@ class LlamaCppLM:
         #: the GGUF file's SHA-256 where the caller knows it (:func:`steerkit.assembly.load_llama_cpp_lm`): what a
         #: reward tied to this LM's state checks, as on the transformers engine's LM
         self.steerkit_fingerprint = fingerprint
-        self.states = False  # read the final hidden state beside the logits (keep_state)
+        self.states = False  # read the final hidden state beside the logits (LlamaCppBatch.keep_lm_state)
         self.generation_config = SimpleNamespace(eos_token_id=eos)
         self.device = torch.device("cpu")
         self.ctx = None
@@ -172,15 +172,11 @@ class LlamaCppLM:
                 self._free.append(slot)
         self._released.clear()
 
-    def keep_state(self) -> None:
-        """From now on, read each output token's final hidden state beside its logits (:meth:`decode`)."""
-        self.states = True
-
     # -- one llama_decode ---------------------------------------------------------------------------------
     def decode(self, tokens, positions, slots, outputs) -> tuple[np.ndarray, np.ndarray | None]:
         """Run one batch of tokens (each with its position and sequence); returns the logits [n_out, V] of the
-        tokens marked in ``outputs``, in order, and their final hidden states [n_out, d] once :meth:`keep_state`
-        was called (else None). Longer batches than llama.cpp's are split (outputs kept in order)."""
+        tokens marked in ``outputs``, in order, and their final hidden states [n_out, d] once ``states`` is on
+        (else None). Longer batches than llama.cpp's are split (outputs kept in order)."""
         with self._lock:
             self._flush()
         if not self.states:
@@ -189,15 +185,14 @@ class LlamaCppLM:
         if not marked.all():
             # embeddings on make llama.cpp output every token of a call: the unmarked tokens run first without
             # them. A marked token must be its sequence's last here (a prompt's last token, a step's one token).
-            last = {}
-            for i, (slot, position) in enumerate(zip(slots, positions)):
-                last[slot] = max(last.get(slot, (-1, -1)), (int(position), i))
-            if any(marked[i] and last[slot][1] != i for i, slot in enumerate(slots)):
+            last = {slot: i for i, slot in enumerate(slots)}
+            if any(marked[i] and last[slot] != i for i, slot in enumerate(slots)):
                 raise ValueError("decode: with states kept, a token marked for output must be its sequence's last")
             rest, where = np.flatnonzero(~marked), np.flatnonzero(marked)
             self._decode(_take(tokens, rest), _take(positions, rest), _take(slots, rest), [False] * len(rest), False)
             tokens, positions, slots = _take(tokens, where), _take(positions, where), _take(slots, where)
-        return self._decode(tokens, positions, slots, [True] * len(tokens), True)
+            outputs = [True] * len(where)
+        return self._decode(tokens, positions, slots, outputs, True)
 
     def _decode(self, tokens, positions, slots, outputs, states: bool) -> tuple[np.ndarray, np.ndarray | None]:
         lib, width = self.lib, self.config.hidden_size
@@ -285,7 +280,7 @@ class LlamaCppBatch:
     def keep_lm_state(self) -> None:
         """Keep the rows' final hidden states from the next prefill or step on (the engine core calls this before
         it prefills a row with a reward that reads them)."""
-        self.lm.keep_state()
+        self.lm.states = True
 
     def reserve(self, rows: int, tokens: int, budget: int | None = None) -> int:
         """Room for ``rows`` rows of up to ``tokens`` tokens each (prompt + generated), within ``budget`` tokens in

@@ -53,13 +53,13 @@ class Prefills:
         the batch (None: a short prompt, which the engine core prefills whole) and rows that failed."""
         ready: dict = {}
         failed: dict = {}
-        prepare_lm_state(self.batch, taken)
         if self.jobs:
             self._advance(next(iter(self.jobs)), ready, failed)
         for row in taken:
             if len(row.prompt_ids) <= self.chunk:
                 ready[row] = None
                 continue
+            prepare_lm_state(self.batch, [row])  # (a short prompt's is the engine core's admission)
             self.jobs[row] = self.batch.prefill_job(row.prompt_ids, self.chunk)
             self._advance(row, ready, failed)
         return ready, failed

@@ -18,6 +18,7 @@ import hashlib
 import json
 import re
 import shlex
+from collections import Counter
 from pathlib import Path
 
 from ..files import atomic_write_text, file_name
@@ -39,11 +40,11 @@ def fold_dirs(groups: list[str]) -> dict[str | None, str]:
     fold trains into another's directory, and a name too long for a file name is cut by
     :func:`steerkit.files.file_name` (its checkpoints' sibling ``.checkpoints`` still fits)."""
     slugs = {group: _slug(group) for group in groups}
+    count = Counter(slugs.values())
     names: dict[str | None, str] = {None: "all"}
     for group, slug in slugs.items():
-        shared = sum(other == slug for other in slugs.values()) > 1
-        names[group] = file_name(f"without-{slug}" + (f"-{hashlib.sha256(group.encode()).hexdigest()[:8]}"
-                                                      if shared else ""))
+        digest = f"-{hashlib.sha256(group.encode()).hexdigest()[:8]}" if count[slug] > 1 else ""
+        names[group] = file_name(f"without-{slug}{digest}")
     return names
 
 
