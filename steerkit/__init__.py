@@ -10,7 +10,6 @@ transformers until something that needs them (``steerkit.generate``, ``steerkit.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from .errors import (
@@ -18,6 +17,7 @@ from .errors import (
     ModelNotFoundError, ModelNotInstalledError, NonFiniteRewardError, OutputExistsError, PluginConflictError,
     PluginError, PromptTooLongError, RewardModelFormatError, SteerkitError, SteerkitWarning, UnsafeModelError,
 )
+from .lazy import lazy_names
 
 if TYPE_CHECKING:  # what _LAZY imports on first use (and what type checkers and import graphs see)
     from .assembly import generate
@@ -55,15 +55,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    """A public name of :data:`_LAZY`, imported from its module on first use (then cached on the package)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+#: A public name of :data:`_LAZY`, imported from its module on first use (then cached on the package).
+__getattr__, __dir__ = lazy_names(__name__, globals(), _LAZY, __all__)

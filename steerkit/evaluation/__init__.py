@@ -9,8 +9,9 @@ The CLI is ``steerkit eval toxicity|sentiment`` (:mod:`steerkit.cli.evaluate`).
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ..lazy import lazy_names
 
 if TYPE_CHECKING:
     from .config import EvalConfig, PromptSet, Setting
@@ -29,14 +30,4 @@ _LAZY = {"EvalConfig": ".config", "PromptSet": ".config", "Setting": ".config", 
          "distinct_n": ".metrics"}
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _LAZY, __all__)
