@@ -147,7 +147,8 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"Invalid {source}:"]
     for e in exc.errors(include_input=True, include_url=False)[:20]:
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        got = f" (got {_short_repr(e['input'])})" if e["type"] != "missing" and "input" in e else ""
+        # a check across fields (at the top level) names its fields itself; its input is the whole config
+        got = f" (got {_short_repr(e['input'])})" if e["type"] != "missing" and "input" in e and e["loc"] else ""
         message = e["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
         lines.append(f"  {where}: {_first_lines(message, 200)}{got}")
     if exc.error_count() > 20:

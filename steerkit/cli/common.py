@@ -47,6 +47,8 @@ BACKEND_HELP = ("Reward backend: auto (an ONNX export runs on onnx, anything els
                 "torch-bf16, torch-bf16-compute, torch-int8, llama.cpp, llama.cpp-q8, or a plugin's (docs/backends.md).")
 
 
+ENGINE_HELP = ("What runs the LM: steerkit (transformers) or llama.cpp (a packaged or .gguf LM, on the CPU; "
+               "docs/llama_cpp.md). \\[default: steerkit]")
 COMPILE_HELP = ("steerkit's engine on the static-shape step compiled by torch.compile: faster per token once compiled "
                 "(the first run of a shape compiles for up to a few minutes; cached on disk). \\[default: no-compile]")
 EVAL_COMPILE_HELP = ("Generate on steerkit's static-shape step compiled by torch.compile (the same tokens at fp32). "

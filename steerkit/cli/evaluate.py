@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from . import scaling as _scaling
-from .common import BACKEND_HELP, EVAL_COMPILE_HELP, err
+from .common import BACKEND_HELP, DTYPE_HELP, ENGINE_HELP, EVAL_COMPILE_HELP, err
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -81,6 +81,8 @@ def _command(task: str):
         threads: Optional[int] = typer.Option(None, "--threads", help="torch intra-op threads (1 is fastest on a busy machine)."),
         device: Optional[str] = typer.Option(None, "--device", help="torch device for the models: cpu (default), cuda, cuda:1, mps."),
         compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=EVAL_COMPILE_HELP),
+        engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bars."),
         ray_address: Optional[str] = _scaling.RAY_OPTION,
         actors: Optional[int] = _scaling.ACTORS_OPTION,
@@ -91,7 +93,7 @@ def _command(task: str):
                  "direction": direction, "betas": list(beta), "ks": list(k), "num_continuations": n,
                  "max_new_tokens": max_new_tokens, "temperature": temperature, "seed": seed, "batch_size": batch_size,
                  "backend": backend, "scorers": list(scorer), "eval_lm": eval_lm, "output": output, "fluency_samples": fluency_samples,
-                 "threads": threads, "device": device, "compile": compile}
+                 "threads": threads, "device": device, "compile": compile, "engine": engine, "dtype": dtype}
         if no_baseline:
             flags["baseline"] = False
         if no_fluency:

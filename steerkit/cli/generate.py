@@ -14,7 +14,7 @@ from .. import threads as _threads
 from ..errors import DataError, InvalidArgumentError
 from ..models import DEFAULT_LM
 from . import scaling as _scaling
-from .common import BACKEND_HELP, COMPILE_HELP, DTYPE_HELP, err, parse_reward_weight
+from .common import BACKEND_HELP, COMPILE_HELP, DTYPE_HELP, ENGINE_HELP, err, parse_reward_weight
 
 if TYPE_CHECKING:
     from ..config import SteeringConfig
@@ -44,8 +44,7 @@ def generate(
     stop: List[str] = typer.Option([], "--stop", help="Stop string, repeatable."),
     backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP + " \\[default: auto]"),
     device: Optional[str] = typer.Option(None, "--device", help="torch device: cpu, cuda, cuda:1, mps. \\[default: cpu]"),
-    engine: Optional[str] = typer.Option(None, "--engine", help="What runs the LM: steerkit (transformers) or "
-                                         "llama.cpp (a packaged or .gguf LM; docs/llama_cpp.md). \\[default: steerkit]"),
+    engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=COMPILE_HELP),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="SteeringConfig YAML/TOML/JSON file."),

@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import InvalidArgumentError
-from .common import BACKEND_HELP, COMPILE_HELP, DTYPE_HELP, err, parse_reward_weight
+from .common import BACKEND_HELP, COMPILE_HELP, DTYPE_HELP, ENGINE_HELP, err, parse_reward_weight
 
 
 def serve(
@@ -30,8 +30,7 @@ def serve(
                                      "(requests may override it). \\[default: none]"),
     k: Optional[int] = typer.Option(None, "--k", "-k", help="Default top-k candidates per step. \\[default: 20]"),
     backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP + " \\[default: auto]"),
-    engine: Optional[str] = typer.Option(None, "--engine", help="What runs the LM: steerkit (transformers) or "
-                                         "llama.cpp (a packaged or .gguf LM; docs/llama_cpp.md). \\[default: steerkit]"),
+    engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=COMPILE_HELP),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
     max_running: int = typer.Option(16, "--max-running", min=1, help="Rows decoded together at most."),

@@ -31,7 +31,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..config import BackendName, RewardSpec, ValidatedConfig, load_config_file
+from ..config import BackendName, EngineName, LMDtype, RewardSpec, ValidatedConfig, load_config_file
 from ..devices import DeviceName
 from ..errors import ConfigError
 from ..models import DEFAULT_EVAL_LM, DEFAULT_LM
@@ -121,6 +121,10 @@ class EvalConfig(ValidatedConfig):
     # steerkit's engine on the compiled static-shape step (as `steerkit generate --compile`; the same tokens at fp32).
     # None: where it pays, from the run's pending decode steps and the device (steerkit.compiling.compile_pays)
     compile: bool | None = None
+    #: what runs the LM: steerkit's engine, or llama.cpp on a packaged or .gguf LM, on the CPU (docs/llama_cpp.md)
+    engine: EngineName = "steerkit"
+    #: the LM's weights in steerkit's engine: float32 as loaded, bfloat16 (bf16 weights and matmuls), weight-only int8
+    dtype: LMDtype = "float32"
 
     @field_validator("betas")
     @classmethod
@@ -139,6 +143,11 @@ class EvalConfig(ValidatedConfig):
 
     @model_validator(mode="after")
     def _defaults(self):
+        from ..validators import validate_lm_options
+
+        validate_lm_options(self.engine, bool(self.compile), self.dtype)
+        if self.engine == "llama.cpp" and self.device not in (None, "cpu"):
+            raise ValueError(f"engine='llama.cpp' runs on the CPU; device={self.device!r} needs engine='steerkit'")
         if self.direction is None:
             self.direction = DEFAULT_DIRECTION[self.task]
         if self.reward is None:
@@ -202,6 +211,10 @@ class EvalConfig(ValidatedConfig):
         payload = {"lm": self.lm, "k": setting.k, "rewards": [r.model_dump() for r in setting.rewards],
                    "n": self.num_continuations, "max_new_tokens": self.max_new_tokens,
                    "temperature": self.temperature, "seed": self.seed, "backend": self.backend}
+        # what runs the LM changes its logits' last bits, so its tokens; the defaults stay out of the payload, so a
+        # run made before these fields existed keeps its keys (and resumes)
+        payload.update({key: value for key, value in (("engine", self.engine), ("dtype", self.dtype))
+                        if value != type(self).model_fields[key].default})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def require_prompts(self) -> None:

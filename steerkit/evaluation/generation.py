@@ -53,7 +53,7 @@ class UnitGenerator:
         return {"prompt_set": unit.prompt_set, "index": unit.prompt.index, "setting": unit.setting.name,
                 "key": unit.key, "prompt": unit.prompt.text, "continuations": out.texts,
                 "num_new_tokens": out.num_new_tokens, "seconds": out.seconds, "device": self.device(),
-                "compiled": self.compile}
+                "compiled": self.compile, "engine": self.config.engine, "dtype": self.config.dtype}
 
     def device(self) -> str:
         """The torch device the run's models live on (``config.device``; the CPU by default)."""
@@ -64,11 +64,12 @@ class UnitGenerator:
         return self._device
 
     def lm(self):
+        """The run's LM, loaded once for the engine that runs it (llama.cpp's stays on the CPU)."""
         if self._lm is None:
-            from ..models import load_causal_lm_cached
+            from ..assembly import load_lm
 
-            model, tokenizer, _ = load_causal_lm_cached(self.config.lm)
-            self._lm = (model.to(self.device()), tokenizer)
+            model, tokenizer = load_lm(self.config.lm, self.config.engine)
+            self._lm = (model if self.config.engine == "llama.cpp" else model.to(self.device()), tokenizer)
         return self._lm
 
     def reward(self, name: str, context: str = "continuation"):
@@ -94,4 +95,6 @@ class UnitGenerator:
     def generator(self, setting: Setting):
         from ..assembly import assemble
 
-        return assemble(self.lm(), self.terms(setting), k=setting.k, compile=self.compile).generator()
+        cfg = self.config
+        return assemble(self.lm(), self.terms(setting), k=setting.k, engine=cfg.engine, compile=self.compile,
+                        dtype=cfg.dtype).generator()

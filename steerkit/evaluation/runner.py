@@ -195,6 +195,8 @@ class EvalRunner:
         whether compiling pays for ``todo``'s decode steps on the run's device (said in the log when it does)."""
         if self.config.compile is not None:
             return self.config.compile
+        if self.config.engine != "steerkit":  # llama.cpp runs its own graph: there is nothing of steerkit's to compile
+            return False
         from ..compiling import compile_pays
 
         cfg = self.config

@@ -176,6 +176,35 @@ def test_cli_and_config_file_run_llama_cpp(tmp_path):
     assert [g["text"] for g in json.loads(from_file.stdout)["generations"]] == expected
 
 
+def test_eval_runs_llama_cpp_and_draws_the_python_apis_tokens(tmp_path):
+    """``steerkit eval --engine llama.cpp``: each prompt's continuations are what ``steerkit.generate`` draws through
+    llama.cpp for that unit's seed, and each record says which engine made it."""
+    import steerkit
+    from typer.testing import CliRunner
+
+    from steerkit.cli import app
+    from steerkit.errors import ConfigError
+    from steerkit.evaluation.prompts import unit_seed
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": {"text": p}}) + "\n" for p in PROMPTS[:2]))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["eval", "toxicity", "--engine", "llama.cpp", "-p", f"tiny={prompts}", "-r",
+                                      "toxicity-token", "-b", "20", "--no-baseline", "-n", "3", "-t", "10", "--seed",
+                                      "5", "--stage", "generate", "-q", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (out / "generations.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and {(r["engine"], r["compiled"]) for r in records} == {("llama.cpp", False)}
+    for r in records:
+        expected = steerkit.generate([r["prompt"]], lm=LM, engine="llama.cpp", rewards={"toxicity-token": -20}, k=20,
+                                     max_new_tokens=10, num_return_sequences=3, seed=unit_seed(5, "tiny", r["index"]))
+        assert r["continuations"] == expected.texts
+    refused = CliRunner().invoke(app, ["eval", "toxicity", "--engine", "llama.cpp", "--compile", "-p", str(prompts),
+                                       "-o", str(tmp_path / "refused")])
+    assert isinstance(refused.exception, ConfigError) and "compile and dtype apply" in str(refused.exception)
+    assert "(got" not in str(refused.exception)  # a check across fields does not echo the whole config
+
+
 def test_bad_choices_are_typed_errors(tmp_path):
     import steerkit
     from steerkit.errors import ConfigError, InvalidArgumentError, ModelFormatError

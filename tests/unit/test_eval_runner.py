@@ -359,3 +359,75 @@ def test_eval_compiles_by_itself_only_where_its_decode_steps_pay(tmp_path, promp
                          compile=False)
     assert forced.compile_choice(forced.pending()) is False  # the config's choice stands
     assert EvalConfig.from_dict({"prompts": [{"path": str(prompt_file)}], "compile": True}).compile is True
+
+
+def test_an_int8_run_draws_what_the_python_api_draws_at_int8_under_keys_of_its_own(tmp_path, prompt_file, tokenizer,
+                                                                                  reward_model, eval_lm):
+    """``dtype`` reaches the LM: each record of an int8 run is what ``assemble(..., dtype="int8")`` draws for that
+    unit's seed, which on this model is not what float32 draws; the run's keys differ from float32's, so neither
+    run directory resumes the other's generations."""
+    from steerkit.assembly import assemble
+    from steerkit.evaluation.prompts import unit_seed
+
+    import torch
+
+    lm = tiny_lm(tokenizer, seed=4)
+    with torch.no_grad():  # logits spread wide enough that int8's rounding moves some draws (a random init's are flat)
+        lm.lm_head.weight.mul_(300)
+    f32 = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="f32", betas=[],
+                      compile=False)  # unsteered: the LM's logits alone pick the tokens
+    int8 = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="int8", betas=[],
+                       compile=False, dtype="int8")
+    assert set(int8.keys) == set(f32.keys) and all(int8.keys[n] != f32.keys[n] for n in f32.keys)
+    assert int8.generate() == len(PROMPTS)
+    records = lines(tmp_path / "int8" / "generations.jsonl")
+    assert {(r["engine"], r["dtype"]) for r in records} == {("steerkit", "int8")}
+    (setting,) = int8.settings
+    cfg = int8.config
+    drawn = {}
+    for dtype in ("int8", "float32"):
+        gen = assemble((lm, tokenizer), int8.terms(setting), k=setting.k, dtype=dtype).generator()
+        drawn[dtype] = [gen.generate([r["prompt"]], max_new_tokens=cfg.max_new_tokens, do_sample=True,
+                                     temperature=cfg.temperature, num_return_sequences=cfg.num_continuations,
+                                     seed=unit_seed(cfg.seed, r["prompt_set"], r["index"])).texts for r in records]
+    assert [r["continuations"] for r in records] == drawn["int8"]
+    assert drawn["int8"] != drawn["float32"]  # else this test could not tell the two apart
+    with pytest.raises(ConfigError, match="made with other parameters"):  # float32 asked of the int8 run's directory
+        make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="int8", betas=[], compile=False)
+
+
+def test_the_default_engine_and_dtype_keep_the_keys_runs_were_made_with(prompt_file):
+    """Runs made before ``engine`` and ``dtype`` existed resume: the defaults leave a setting's key as it was."""
+    import hashlib
+
+    cfg = EvalConfig.from_dict({"prompts": [{"path": str(prompt_file)}], "betas": [20]})
+    for setting in cfg.grid():
+        payload = {"lm": cfg.lm, "k": setting.k, "rewards": [r.model_dump() for r in setting.rewards],
+                   "n": cfg.num_continuations, "max_new_tokens": cfg.max_new_tokens,
+                   "temperature": cfg.temperature, "seed": cfg.seed, "backend": cfg.backend}
+        assert cfg.setting_key(setting) == hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    llama = cfg.with_overrides({"engine": "llama.cpp"})
+    assert all(llama.setting_key(s) != cfg.setting_key(s) for s in cfg.grid())
+
+
+@pytest.mark.parametrize("values, field", [
+    ({"engine": "vllm"}, "engine"),
+    ({"dtype": "int4"}, "dtype"),
+    ({"engine": "llama.cpp", "compile": True}, "compile and dtype apply to engine='steerkit'"),
+    ({"engine": "llama.cpp", "dtype": "int8"}, "compile and dtype apply to engine='steerkit'"),
+    ({"engine": "llama.cpp", "device": "cuda"}, "runs on the CPU"),
+], ids=["engine", "dtype", "llama-compile", "llama-int8", "llama-cuda"])
+def test_bad_lm_options_in_an_eval_config_are_config_errors(prompt_file, values, field):
+    with pytest.raises(ConfigError, match=field):
+        EvalConfig.from_dict({"prompts": [{"path": str(prompt_file)}], **values})
+
+
+def test_a_llama_cpp_run_leaves_compile_off_by_itself(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm,
+                                                      monkeypatch):
+    """Where compiling would pay, a llama.cpp run still does not compile: llama.cpp runs its own graph."""
+    import steerkit.compiling
+
+    monkeypatch.setitem(steerkit.compiling.COMPILE_PAYS_AFTER_STEPS, "cpu", 1)
+    steer = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="a")
+    llama = make_runner(tmp_path, prompt_file, lm, tokenizer, reward_model, eval_lm, out="b", engine="llama.cpp")
+    assert steer.compile_choice(steer.pending()) is True and llama.compile_choice(llama.pending()) is False

@@ -112,6 +112,15 @@ def test_bad_config_names_the_field(tmp_path, body, where, what):
     assert f"\n  {where}: " in message and what in message, message
 
 
+def test_a_check_across_fields_names_them_without_echoing_the_whole_config(tmp_path):
+    path = write(tmp_path / "bad.yaml", "engine: llama.cpp\ncompile: true\nprompts: [hello]\n")
+    with pytest.raises(ConfigError) as info:
+        SteeringConfig.from_file(path)
+    message = str(info.value)
+    assert "\n  (top level): compile and dtype apply to engine='steerkit'" in message, message
+    assert "(got" not in message and "hello" not in message, message
+
+
 def test_unparsable_and_non_mapping_files(tmp_path):
     with pytest.raises(ConfigError, match="could not be parsed"):
         SteeringConfig.from_file(write(tmp_path / "x.toml", "k = = 3\n"))
