@@ -157,7 +157,11 @@ class LlamaCppLM:
             self._flush()
             if not self._free:
                 raise LlamaCppError(f"all {self.slots} llama.cpp sequences are in use.")
-            return self._free.pop()
+            # the lowest free sequence: a batch's rows then hold consecutive sequences, which llama.cpp runs as one
+            # micro-batch (see _decode); a gap left by a finished row is the next one filled
+            slot = min(self._free)
+            self._free.remove(slot)
+            return slot
 
     def give_slot(self, slot: int) -> None:
         """Give a sequence back (any thread, e.g. a finalizer): its cells are cleared by the next thread that
@@ -195,6 +199,21 @@ class LlamaCppLM:
         return self._decode(tokens, positions, slots, outputs, True)
 
     def _decode(self, tokens, positions, slots, outputs, states: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """One decode, its tokens ordered by sequence. With a KV stream per sequence, llama.cpp puts into one
+        micro-batch (one pass over the weights) only tokens whose sequences rise by one from token to token
+        (``llama_batch_allocr::split_equal(..., sequential=true)``); a batch whose rows hold sequences 3, 4, 0, 1
+        ran as two passes, and one whose rows came back in another order as up to one pass per row (25 rows of one
+        step: 300 ms instead of 190 here). The rows come back in the caller's order."""
+        order = np.argsort(np.asarray(slots), kind="stable")  # stable: a sequence's tokens stay in position order
+        if (order[1:] > order[:-1]).all():
+            return self._decode_sorted(tokens, positions, slots, outputs, states)
+        marked = np.asarray(outputs, dtype=bool)[order]
+        logits, hidden = self._decode_sorted(_take(tokens, order), _take(positions, order), _take(slots, order),
+                                             marked.tolist(), states)
+        back = np.argsort(order[marked])  # the output rows, from sequence order back to the caller's
+        return logits[back], None if hidden is None else hidden[back]
+
+    def _decode_sorted(self, tokens, positions, slots, outputs, states: bool) -> tuple[np.ndarray, np.ndarray | None]:
         lib, width = self.lib, self.config.hidden_size
         if self.states and len(tokens):
             lib.llama_set_embeddings(self.ctx, states)
