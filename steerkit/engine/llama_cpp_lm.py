@@ -163,6 +163,12 @@ class LlamaCppLM:
             self._free.remove(slot)
             return slot
 
+    def copy_sequence(self, source: int, target: int) -> None:
+        """Make sequence ``target`` (a free one just taken) hold what ``source`` holds: llama.cpp copies the KV
+        stream's buffer before its next decode, so both rows' next logits are computed from the same cache."""
+        with self._lock:
+            self.lib.llama_memory_seq_cp(self.memory, source, target, -1, -1)
+
     def give_slot(self, slot: int) -> None:
         """Give a sequence back (any thread, e.g. a finalizer): its cells are cleared by the next thread that
         decodes or takes a slot, never concurrently with a decode."""
@@ -324,25 +330,35 @@ class LlamaCppBatch:
         return LlamaPrefillJob(self.lm, ids, chunk)
 
     def prefill_padded(self, rows_ids: list[list[int]], tokenizer=None) -> None:
-        """Start the batch with these prompts in one ``llama_decode`` (each in its own sequence)."""
+        """Start the batch with these prompts, each row in its own sequence: one ``llama_decode`` of each distinct
+        prompt, whose sequence the rows with the same prompt (``num_return_sequences``) then copy."""
         if self.size:
             raise RuntimeError("prefill_padded starts a batch: this one is running")
         slots = [self.lm.take_slot() for _ in rows_ids]
+        first: dict[tuple[int, ...], int] = {}  # a prompt -> the row that runs it
+        source = [first.setdefault(tuple(ids), row) for row, ids in enumerate(rows_ids)]
+        runs = sorted(first.values())
         tokens, positions, seqs, outputs = [], [], [], []
-        for slot, ids in zip(slots, rows_ids):
+        for row in runs:
+            ids = rows_ids[row]
             tokens += ids
             positions += range(len(ids))
-            seqs += [slot] * len(ids)
+            seqs += [slots[row]] * len(ids)
             outputs += [False] * (len(ids) - 1) + [True]
         try:
             logits, hidden = self.lm.decode(tokens, positions, seqs, outputs)
+            for row, src in enumerate(source):
+                if src != row:
+                    self.lm.copy_sequence(slots[src], slots[row])
         except Exception:
             for slot in slots:
                 self.lm.give_slot(slot)
             raise
+        pick = np.searchsorted(runs, source)  # each row's output: its prompt's
         self.slots[:] = slots
         self.pos = np.array([len(ids) for ids in rows_ids], dtype=np.int32)
-        self.logits, self.hidden = torch.from_numpy(logits), _tensor(hidden)
+        self.logits = torch.from_numpy(logits[pick] if len(runs) < len(rows_ids) else logits)
+        self.hidden = _tensor(None if hidden is None else hidden[pick] if len(runs) < len(rows_ids) else hidden)
 
     def join(self, newcomers: list[LlamaPrefilled]) -> None:
         if not newcomers:

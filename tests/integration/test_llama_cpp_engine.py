@@ -181,6 +181,36 @@ def test_a_decode_runs_its_rows_in_sequence_order_and_returns_them_in_the_caller
     assert lm.take_slot() == 0 and lm.take_slot() == 1  # the lowest free sequence first, whatever the order given back
 
 
+def test_rows_with_one_prompt_run_it_once_and_share_its_cache():
+    """``num_return_sequences`` rows of one prompt: llama.cpp decodes the prompt once and the other rows copy its
+    sequence, so their first and next logits are the first row's, bitwise; greedy copies give the text of the
+    prompt alone."""
+    import steerkit
+    from steerkit.engine.llama_cpp_lm import LlamaCppBatch, LlamaCppLM
+    from steerkit.models import load_tokenizer, resolve
+
+    tokenizer = load_tokenizer(LM)
+    a, b = (tokenizer(p).input_ids for p in PROMPTS[:2])
+    lm = LlamaCppLM(resolve(LM).location, threads=1)
+    batch = LlamaCppBatch(lm)
+    batch.reserve(5, 64)
+    decoded = []
+    decode_sorted = lm._decode_sorted
+    lm._decode_sorted = lambda tokens, *rest: (decoded.append(len(tokens)), decode_sorted(tokens, *rest))[1]
+    batch.prefill_padded([a, b, a, a, b])
+    assert decoded == [len(a) + len(b)]  # each distinct prompt once
+    first = batch.logits.clone()
+    assert torch.equal(first[2], first[0]) and torch.equal(first[3], first[0]) and torch.equal(first[4], first[1])
+    batch.advance(torch.tensor([11, 11, 11, 42, 11]))  # rows 0, 2 (and 4 against 1) take the same next token
+    step = batch.logits
+    assert torch.equal(step[2], step[0]) and torch.equal(step[4], step[1])  # read the copied caches
+    assert not torch.equal(step[3], step[0])  # another token, other logits: the rows are distinct sequences
+    kwargs = dict(lm=LM, engine="llama.cpp", rewards={"toxicity-token": -10}, k=10, max_new_tokens=12,
+                  do_sample=False)
+    copies = steerkit.generate(PROMPTS[:1], num_return_sequences=3, **kwargs).texts
+    assert copies == steerkit.generate(PROMPTS[:1], **kwargs).texts * 3
+
+
 def test_seeded_sampling_repeats_and_the_seed_matters():
     import steerkit
 
