@@ -143,7 +143,7 @@ class LMBatch:
     def reserve(self, rows: int, tokens: int, budget: int | None = None) -> int:
         """Room for ``rows`` rows of ``tokens`` tokens (``budget``: tokens over all rows at most); returns the tokens a
         row may hold. A transformers cache grows as it goes, so this is ``tokens`` (llama.cpp's context is sized up
-        front: :class:`~steerkit.engine.llama_cpp_lm.LlamaCppBatch`)."""
+        front: :class:`~steerkit.engine.llama_cpp_batch.LlamaCppBatch`)."""
         return tokens
 
     def prefill(self, ids: list[int]) -> Prefilled:
@@ -256,6 +256,6 @@ class LMBatch:
 
 def lm_batch(lm):
     """The engine core's LM state for ``lm``: its own (``lm.make_batch()``: llama.cpp's
-    :class:`~steerkit.engine.llama_cpp_lm.LlamaCppBatch`), else a transformers :class:`LMBatch`."""
+    :class:`~steerkit.engine.llama_cpp_batch.LlamaCppBatch`), else a transformers :class:`LMBatch`."""
     make = getattr(lm, "make_batch", None)
     return make() if callable(make) else LMBatch(lm)

@@ -186,7 +186,8 @@ def test_rows_with_one_prompt_run_it_once_and_share_its_cache():
     sequence, so their first and next logits are the first row's, bitwise; greedy copies give the text of the
     prompt alone."""
     import steerkit
-    from steerkit.engine.llama_cpp_lm import LlamaCppBatch, LlamaCppLM
+    from steerkit.engine.llama_cpp_batch import LlamaCppBatch
+    from steerkit.engine.llama_cpp_lm import LlamaCppLM
     from steerkit.models import load_tokenizer, resolve
 
     tokenizer = load_tokenizer(LM)

@@ -177,7 +177,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("models and rewards", ("steerkit.models", "steerkit.devices", "steerkit.rewards.*")),
     ("the engine core", (
         "steerkit.engine.core", "steerkit.engine.rows", "steerkit.engine.lm_cache", "steerkit.engine.reward_groups",
-        "steerkit.engine.llama_cpp_lm", "steerkit.engine.static_lm", "steerkit.engine.lm_int8")),
+        "steerkit.engine.llama_cpp_lm", "steerkit.engine.llama_cpp_batch", "steerkit.engine.static_lm", "steerkit.engine.lm_int8")),
     ("terms and parameters", ("steerkit.steering", "steerkit.params", "steerkit.terms", "steerkit.config")),
     ("decoding and set-up", ("steerkit", "steerkit.decoding", "steerkit.hf", "steerkit.assembly")),
     ("surfaces", ("steerkit.serving.*", "steerkit.evaluation.*", "steerkit.training.*", "steerkit.testing",

@@ -1,0 +1,104 @@
+"""An eval's generation stage on both engines: many sampled rows of one prompt per ``generate`` call.
+
+``steerkit eval`` draws ``num_continuations`` (25) rows of each prompt in one call, a unit. This times that shape
+through the Python API: ``--prompts`` prompts of ``prompts/toxicity_nontoxic_eval.jsonl``, each one ``generate`` call
+of ``--rows`` sampled rows × ``--tokens`` tokens (a seed per prompt), plain and with ``toxicity-token`` (β = −20,
+k = 20), on steerkit's engine (float32, eager) and on ``engine="llama.cpp"`` (the packaged Q4_1 GGUF), 1 thread.
+Each (tree, engine) runs in a process of its own, in alternating order over ``--rounds``; a ``--trees`` entry is
+another checkout (a ``git worktree`` of an older revision, put first on ``PYTHONPATH``): before/after in one run.
+
+    python benchmarks/bench_eval_rows.py                                   # ~3 min here
+    python benchmarks/bench_eval_rows.py --trees /tmp/old . --engines llama.cpp --rounds 2
+
+Prints seconds per set-up and each set-up over the first, per round; JSON to
+benchmarks/results/bench_eval_rows.json (machine load and CPU flags included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parent.parent / "shared" / "data" / "prompts" / "toxicity_nontoxic_eval.jsonl"
+SETTINGS = {"plain": {}, "toxicity-token": {"toxicity-token": -20.0}}
+
+
+def child(engine: str, prompts: int, rows: int, tokens: int) -> dict:
+    """One process's timings: seconds per setting for the prompts' units."""
+    import torch
+
+    torch.set_num_threads(1)
+    import steerkit
+
+    texts = [json.loads(line)["prompt"]["text"] for line in DATA.read_text().splitlines()[:prompts]]
+    kwargs = dict(lm="smollm2-135m-instruct", engine=engine, k=20, max_new_tokens=tokens, num_return_sequences=rows,
+                  batch_size=rows)
+    steerkit.generate(texts[:1], rewards=SETTINGS["toxicity-token"], seed=0, **{**kwargs, "max_new_tokens": 2})
+    out = {}
+    for name, rewards in SETTINGS.items():
+        start = time.perf_counter()
+        for i, text in enumerate(texts):
+            steerkit.generate([text], rewards=rewards, seed=i, **kwargs)
+        out[name] = time.perf_counter() - start
+    return out
+
+
+def run(tree: str, engine: str, args) -> dict:
+    env = dict(os.environ)
+    if tree != ".":
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(tree).resolve()), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, __file__, "--child", engine, "--prompts", str(args.prompts), "--rows", str(args.rows),
+           "--tokens", str(args.tokens)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engines", nargs="+", default=["steerkit", "llama.cpp"])
+    parser.add_argument("--trees", nargs="+", default=["."], help="checkouts to run ('.' is this one)")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=25)
+    parser.add_argument("--tokens", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "bench_eval_rows.json")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.prompts, args.rows, args.tokens)))
+        return
+    if not DATA.is_file():
+        sys.exit(f"{DATA} is absent: this benchmark reads the shared eval prompts.")
+    sys.path.insert(0, str(HERE))
+    from cpu_info import cpu_flags
+
+    setups = [(tree, engine) for tree in args.trees for engine in args.engines]
+    load_before = os.getloadavg()
+    rounds = []
+    for r in range(args.rounds):
+        order = setups if r % 2 == 0 else setups[::-1]
+        seconds = {f"{engine}@{tree}": run(tree, engine, args) for tree, engine in order}
+        rounds.append(seconds)
+        base = seconds[f"{setups[0][1]}@{setups[0][0]}"]
+        for tree, engine in setups:
+            got = seconds[f"{engine}@{tree}"]
+            print(f"round {r + 1} {engine}@{tree}: " + ", ".join(
+                f"{name} {got[name]:.2f} s ({got[name] / base[name]:.2f}x the first)" for name in SETTINGS), flush=True)
+    result = {"prompts": args.prompts, "rows": args.rows, "tokens": args.tokens, "threads": 1,
+              "setups": [f"{engine}@{tree}" for tree, engine in setups], "rounds": rounds,
+              "load_before": load_before, "load_after": os.getloadavg(), "cpu": cpu_flags()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    tmp.replace(args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
