@@ -93,10 +93,9 @@ def main() -> None:
     result = {"prompts": args.prompts, "rows": args.rows, "tokens": args.tokens, "threads": 1,
               "setups": [f"{engine}@{tree}" for tree, engine in setups], "rounds": rounds,
               "load_before": load_before, "load_after": os.getloadavg(), "cpu": cpu_flags()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(args.out)
+    from steerkit.files import atomic_write_text  # (steerkit of this checkout; the trees run in their own processes)
+
+    atomic_write_text(args.out, json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 
 
