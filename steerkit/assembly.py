@@ -53,16 +53,12 @@ def assemble(lm="smollm2-135m-instruct", rewards=None, *, k: int = 20, backend: 
     from .devices import place, resolve_device
     from .params import parse_rewards, resolve_terms
     from .terms import reference_loader
-    from .validators import validate_lm_options
+    from .validators import validate_engine_device, validate_lm_options
 
     validate_lm_options(engine, compile, dtype)
     if device is not None:
         device = resolve_device(device)  # a bad or absent device fails before the slow loads
-        if engine == "llama.cpp" and device != "cpu":
-            from .errors import InvalidArgumentError
-
-            raise InvalidArgumentError(f"engine='llama.cpp' runs on the CPU here; device={device!r} needs the "
-                                       "default engine (engine='steerkit').")
+        validate_engine_device(engine, device)
     terms = resolve_terms(parse_rewards(rewards), load or reference_loader(backend))
     model, tokenizer = lm if isinstance(lm, tuple) else load_lm(str(lm), engine)
     if device is not None:

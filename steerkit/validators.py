@@ -158,6 +158,13 @@ def validate_engine(engine) -> str:
     return engine
 
 
+def validate_engine_device(engine: str, device: str | None) -> None:
+    """llama.cpp runs the LM on the CPU here: another (resolved) torch device needs steerkit's engine."""
+    if engine == "llama.cpp" and device not in (None, "cpu"):
+        raise InvalidArgumentError(f"engine='llama.cpp' runs on the CPU here; device={device!r} needs the default "
+                                   "engine (engine='steerkit').")
+
+
 #: The weights steerkit's engine runs the LM in: as loaded, bf16 with bf16 matmuls, or weight-only int8
 #: (:mod:`steerkit.engine.lm_int8`).
 LM_DTYPES = ("float32", "bfloat16", "int8")

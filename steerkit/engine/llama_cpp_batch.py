@@ -11,6 +11,7 @@ or cancelled row) gives its slot back when it is dropped, and so does a batch th
 from __future__ import annotations
 
 import weakref
+
 import numpy as np
 import torch
 
@@ -125,11 +126,12 @@ class LlamaCppBatch:
             for slot in slots:
                 self.lm.give_slot(slot)
             raise
-        pick = np.searchsorted(runs, source)  # each row's output: its prompt's
+        if len(runs) < len(rows_ids):  # each row's output: its prompt's
+            pick = np.searchsorted(runs, source)
+            logits, hidden = logits[pick], None if hidden is None else hidden[pick]
         self.slots[:] = slots
         self.pos = np.array([len(ids) for ids in rows_ids], dtype=np.int32)
-        self.logits = torch.from_numpy(logits[pick] if len(runs) < len(rows_ids) else logits)
-        self.hidden = _tensor(None if hidden is None else hidden[pick] if len(runs) < len(rows_ids) else hidden)
+        self.logits, self.hidden = torch.from_numpy(logits), _tensor(hidden)
 
     def join(self, newcomers: list[LlamaPrefilled]) -> None:
         if not newcomers:

@@ -144,7 +144,7 @@ class LlamaCppLM:
                                     "(out of memory?); lower the batch size or max_context.")
             self.ctx, self.slots, self.tokens_per_slot = ctx, slots, tokens
             self._free_ctx = weakref.finalize(self, lib.llama_free, ctx)
-            self._free = list(range(slots))[::-1]
+            self._free = list(range(slots))
             self.memory = lib.llama_get_memory(ctx)
             self._batch = Batch(lib, params.n_batch)
 
@@ -196,10 +196,10 @@ class LlamaCppLM:
             last = {slot: i for i, slot in enumerate(slots)}
             if any(marked[i] and last[slot] != i for i, slot in enumerate(slots)):
                 raise ValueError("decode: with states kept, a token marked for output must be its sequence's last")
-            rest, where = np.flatnonzero(~marked), np.flatnonzero(marked)
-            self._decode(_take(tokens, rest), _take(positions, rest), _take(slots, rest), [False] * len(rest), False)
-            tokens, positions, slots = _take(tokens, where), _take(positions, where), _take(slots, where)
-            outputs = [True] * len(where)
+            tokens, positions, slots = np.asarray(tokens), np.asarray(positions), np.asarray(slots)
+            self._decode(tokens[~marked], positions[~marked], slots[~marked].tolist(), marked[~marked], False)
+            tokens, positions, outputs = tokens[marked], positions[marked], marked[marked]
+            slots = slots[marked].tolist()
         return self._decode(tokens, positions, slots, outputs, True)
 
     def _decode(self, tokens, positions, slots, outputs, states: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -208,12 +208,13 @@ class LlamaCppLM:
         (``llama_batch_allocr::split_equal(..., sequential=true)``); a batch whose rows hold sequences 3, 4, 0, 1
         ran as two passes, and one whose rows came back in another order as up to one pass per row (25 rows of one
         step: 300 ms instead of 190 here). The rows come back in the caller's order."""
-        order = np.argsort(np.asarray(slots), kind="stable")  # stable: a sequence's tokens stay in position order
-        if (order[1:] > order[:-1]).all():
+        seqs = np.asarray(slots)
+        if (seqs[1:] >= seqs[:-1]).all():  # in sequence order already (a generate's batch, a prompt)
             return self._decode_sorted(tokens, positions, slots, outputs, states)
+        order = np.argsort(seqs, kind="stable")  # stable: a sequence's tokens stay in position order
         marked = np.asarray(outputs, dtype=bool)[order]
-        logits, hidden = self._decode_sorted(_take(tokens, order), _take(positions, order), _take(slots, order),
-                                             marked.tolist(), states)
+        logits, hidden = self._decode_sorted(np.asarray(tokens)[order], np.asarray(positions)[order],
+                                             seqs[order].tolist(), marked, states)
         back = np.argsort(order[marked])  # the output rows, from sequence order back to the caller's
         return logits[back], None if hidden is None else hidden[back]
 
@@ -242,10 +243,6 @@ class LlamaCppLM:
         from .llama_cpp_batch import LlamaCppBatch  # the batch module imports this one
 
         return LlamaCppBatch(self)
-
-
-def _take(values, where) -> list:
-    return [values[int(i)] for i in where]
 
 
 def _rows(parts: list[np.ndarray], width: int) -> np.ndarray:

@@ -143,11 +143,10 @@ class EvalConfig(ValidatedConfig):
 
     @model_validator(mode="after")
     def _defaults(self):
-        from ..validators import validate_lm_options
+        from ..validators import validate_engine_device, validate_lm_options
 
         validate_lm_options(self.engine, bool(self.compile), self.dtype)
-        if self.engine == "llama.cpp" and self.device not in (None, "cpu"):
-            raise ValueError(f"engine='llama.cpp' runs on the CPU; device={self.device!r} needs engine='steerkit'")
+        validate_engine_device(self.engine, self.device)
         if self.direction is None:
             self.direction = DEFAULT_DIRECTION[self.task]
         if self.reward is None:

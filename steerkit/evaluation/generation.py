@@ -64,12 +64,12 @@ class UnitGenerator:
         return self._device
 
     def lm(self):
-        """The run's LM, loaded once for the engine that runs it (llama.cpp's stays on the CPU)."""
+        """The run's LM, loaded once for the engine that runs it, on the run's device (llama.cpp's: the CPU)."""
         if self._lm is None:
             from ..assembly import load_lm
 
             model, tokenizer = load_lm(self.config.lm, self.config.engine)
-            self._lm = (model if self.config.engine == "llama.cpp" else model.to(self.device()), tokenizer)
+            self._lm = (model.to(self.device()), tokenizer)
         return self._lm
 
     def reward(self, name: str, context: str = "continuation"):
