@@ -15,6 +15,8 @@ import weakref
 import numpy as np
 import torch
 
+from .rows import distinct_prompts
+
 
 class LlamaPrefilled:
     """A newcomer's prompt run in its own llama.cpp sequence: the slot, length, next-token logits [1, V] and final
@@ -107,9 +109,7 @@ class LlamaCppBatch:
         if self.size:
             raise RuntimeError("prefill_padded starts a batch: this one is running")
         slots = [self.lm.take_slot() for _ in rows_ids]
-        first: dict[tuple[int, ...], int] = {}  # a prompt -> the row that runs it
-        source = [first.setdefault(tuple(ids), row) for row, ids in enumerate(rows_ids)]
-        runs = sorted(first.values())
+        runs, pick = distinct_prompts(rows_ids)
         tokens, positions, seqs, outputs = [], [], [], []
         for row in runs:
             ids = rows_ids[row]
@@ -119,15 +119,14 @@ class LlamaCppBatch:
             outputs += [False] * (len(ids) - 1) + [True]
         try:
             logits, hidden = self.lm.decode(tokens, positions, seqs, outputs)
-            for row, src in enumerate(source):
-                if src != row:
-                    self.lm.copy_sequence(slots[src], slots[row])
+            for row, run in enumerate(pick):
+                if runs[run] != row:
+                    self.lm.copy_sequence(slots[runs[run]], slots[row])
         except Exception:
             for slot in slots:
                 self.lm.give_slot(slot)
             raise
         if len(runs) < len(rows_ids):  # each row's output: its prompt's
-            pick = np.searchsorted(runs, source)
             logits, hidden = logits[pick], None if hidden is None else hidden[pick]
         self.slots[:] = slots
         self.pos = np.array([len(ids) for ids in rows_ids], dtype=np.int32)

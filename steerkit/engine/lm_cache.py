@@ -17,6 +17,7 @@ from transformers import DynamicCache
 
 from ..errors import InvalidArgumentError
 from ..hf_compat import cache_kwargs
+from .rows import distinct_prompts
 
 
 class Prefilled:
@@ -156,15 +157,18 @@ class LMBatch:
         """Several prompts that arrive together, each a :class:`Prefilled` row as :meth:`prefill` makes it, run in
         left-padded forwards of similar lengths (at most as many padding tokens as real ones in each) instead of one
         forward per prompt. A row's cache and logits equal its own prefill's up to the order of floating-point sums
-        (as a row's decode step in a batch does); its tokens are the same but where two candidates all but tie."""
-        out: list[Prefilled | None] = [None] * len(rows_ids)
-        for group in _length_groups(rows_ids):
+        (as a row's decode step in a batch does); its tokens are the same but where two candidates all but tie. Rows
+        with the same prompt (a request's ``n``) share one :class:`Prefilled`: it runs once."""
+        runs, pick = distinct_prompts(rows_ids)
+        prompts = [rows_ids[row] for row in runs]
+        out: list[Prefilled | None] = [None] * len(prompts)
+        for group in _length_groups(prompts):
             if len(group) == 1:
-                out[group[0]] = self.prefill(rows_ids[group[0]])
+                out[group[0]] = self.prefill(prompts[group[0]])
                 continue
-            for i, row in zip(group, self._prefill_group([rows_ids[i] for i in group])):
+            for i, row in zip(group, self._prefill_group([prompts[i] for i in group])):
                 out[i] = row
-        return out
+        return [out[run] for run in pick]
 
     def _prefill_group(self, rows_ids: list[list[int]]) -> list[Prefilled]:
         width = max(len(ids) for ids in rows_ids)
@@ -189,12 +193,22 @@ class LMBatch:
     @torch.no_grad()
     def prefill_padded(self, rows_ids: list[list[int]], tokenizer) -> None:
         """Start the batch with these prompts in one forward, padded by ``tokenizer`` (left padding), as
-        ``steerkit.generate`` and transformers prefill a batch; the batch must be empty."""
+        ``steerkit.generate`` and transformers prefill a batch; the batch must be empty. A prompt that several rows
+        share (``num_return_sequences``) runs once, and its rows start from copies of its cache: the same cache, and
+        logits up to the order of floating-point sums (the forward has fewer rows)."""
         if self.size:
             raise RuntimeError("prefill_padded starts a batch: this one is running")
-        enc = tokenizer.pad({"input_ids": rows_ids}, return_tensors="pt")
+        runs, pick = distinct_prompts(rows_ids)
+        enc = tokenizer.pad({"input_ids": [rows_ids[row] for row in runs]}, return_tensors="pt")
         mask = enc["attention_mask"].to(self.device)
-        self.cache, positions, self.logits, self.hidden = self._padded_forward(enc["input_ids"].to(self.device), mask)
+        cache, positions, logits, hidden = self._padded_forward(enc["input_ids"].to(self.device), mask)
+        if len(runs) < len(rows_ids):  # every prompt is among the runs, so the padded width is the same
+            index = torch.tensor(pick, device=self.device)
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+            mask, positions, logits = mask[index], positions[index], logits[index]
+            hidden = None if hidden is None else hidden[index]
+        self.cache, self.logits, self.hidden = cache, logits, hidden
         self.mask, self.pos = mask, positions[:, -1] + 1
 
     def _padded_forward(self, input_ids: torch.Tensor, mask: torch.Tensor):

@@ -58,3 +58,19 @@ class Row:
 
     def expired(self, now: float | None = None) -> bool:
         return self.deadline is not None and (now if now is not None else time.monotonic()) >= self.deadline
+
+
+def distinct_prompts(rows_ids: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Rows that repeat a prompt (``num_return_sequences``, a request's ``n``) need it run once: ``(runs, pick)``,
+    ``runs`` the first row of each distinct prompt, in row order, and ``pick[i]`` the position in ``runs`` of row
+    ``i``'s prompt."""
+    first: dict[tuple[int, ...], int] = {}
+    runs: list[int] = []
+    pick = []
+    for row, ids in enumerate(rows_ids):
+        key = tuple(ids)
+        if key not in first:
+            first[key] = len(runs)
+            runs.append(row)
+        pick.append(first[key])
+    return runs, pick
