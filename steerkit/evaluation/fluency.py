@@ -90,17 +90,48 @@ class PerplexityScorer:
             input_ids, mask, target = input_ids.to(device), mask.to(device), target.to(device)
             # the LM head only where a continuation token is predicted: with a large vocabulary
             # (Gemma: 262k) the head costs more than the transformer, and prompt positions need none
-            hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=mask).last_hidden_state
-            sel = target[:, 1:]
+            shared = _shared_prefix(seqs)
+            hidden = self._hidden(input_ids, mask, shared)
+            sel = target[:, 1 + shared:]
             logits = self.model.get_output_embeddings()(hidden[:, :-1][sel]).float()
             cap = getattr(self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config")
                           else self.model.config, "final_logit_softcapping", None)
             if cap:
                 logits = torch.tanh(logits / cap) * cap
-            nll = -torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1:][sel][:, None]).squeeze(-1)
+            nll = -torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1 + shared:][sel][:, None]).squeeze(-1)
             rows_of = torch.arange(len(seqs), device=device)[:, None].expand_as(sel)[sel]
             totals = torch.zeros(len(seqs), device=device).index_add_(0, rows_of, nll)
             per_row = totals / sel.sum(-1).clamp(min=1)
             for r, i in enumerate(chunk):
                 out[i] = math.exp(per_row[r].item())
         return out
+
+    def _hidden(self, input_ids: torch.Tensor, mask: torch.Tensor, shared: int) -> torch.Tensor:
+        """The decoder's final hidden states [B, W - shared] of right-padded rows from position ``shared`` on. The
+        first ``shared`` tokens, which every row has (a prompt's continuations), run once, as one row, whose cache the
+        rows then extend: the same states up to the order of floating-point sums."""
+        decoder = self.model.get_decoder()
+        if not shared:
+            return decoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+        from transformers import DynamicCache
+
+        from ..hf_compat import cache_kwargs
+
+        cache = DynamicCache(config=self.model.config)
+        decoder(input_ids=input_ids[:1, :shared], use_cache=True, **cache_kwargs(decoder, cache))
+        cache.batch_repeat_interleave(input_ids.shape[0])
+        return decoder(input_ids=input_ids[:, shared:], attention_mask=mask, use_cache=True,
+                       **cache_kwargs(decoder, cache)).last_hidden_state
+
+
+def _shared_prefix(seqs: list[tuple[list[int], int]]) -> int:
+    """How many leading tokens every row of ``seqs`` (``(ids, continuation start)``) has in common and can share: none
+    of a single row, and never a position whose prediction is scored (before ``start - 1``)."""
+    if len(seqs) < 2:
+        return 0
+    first = seqs[0][0]
+    limit = min(max(start, 1) - 1 for _, start in seqs)
+    n = 0
+    while n < limit and all(len(ids) > n and ids[n] == first[n] for ids, _ in seqs):
+        n += 1
+    return n

@@ -7,8 +7,9 @@ import torch
 
 from steerkit.errors import InvalidArgumentError
 from steerkit.evaluation import metrics as M
+from steerkit.evaluation import fluency
 from steerkit.evaluation.fluency import PerplexityScorer
-from tiny import tiny_lm
+from tiny import family_lm, tiny_lm
 
 
 # -- toxicity / sentiment ---------------------------------------------------------------------------
@@ -97,6 +98,37 @@ def test_perplexity_matches_an_unbatched_reference_and_is_batch_invariant(tokeni
     single = PerplexityScorer((lm, tokenizer), batch_size=1).perplexities(prompts, conts)
     assert batched == pytest.approx(expected, rel=1e-4)
     assert single == pytest.approx(expected, rel=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2"])
+def test_a_prompts_continuations_run_its_tokens_once_and_match_the_unbatched_reference(tokenizer, family):
+    """An eval record's 25 continuations share their prompt: its tokens run once, as one row, and every continuation
+    extends that cache (Gemma 3: sliding-window layers; GPT-2: learned positions). Each perplexity is the reference's."""
+    lm = family_lm(family, tokenizer, seed=2)
+    prompt = "You are a wonderful friend and I"
+    conts = [" fox jumps over the lazy dog.", " love this", "ly", " awful and stupid, said nobody ever", ""]
+    scorer = PerplexityScorer((lm, tokenizer), batch_size=3)
+    shared = [scorer.split(prompt, c) for c in conts[:3]]
+    assert 0 < fluency._shared_prefix(shared) < min(start for _, start in shared)
+    seen = []
+    hook = lm.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        got = scorer.perplexities([prompt] * len(conts), conts)
+    finally:
+        hook.remove()
+    n = fluency._shared_prefix(shared)
+    assert seen[:2] == [(1, n), (3, max(len(ids) for ids, _ in shared) - n)]  # the prompt once, then the rows
+    assert got[:4] == pytest.approx([manual_ppl(lm, tokenizer, prompt, c) for c in conts[:4]], rel=1e-4)
+    assert math.isnan(got[4])
+
+
+def test_rows_share_no_prefix_alone_or_where_it_would_hide_a_scored_position():
+    assert fluency._shared_prefix([([1, 2, 3, 4], 2)]) == 0
+    assert fluency._shared_prefix([([1, 2, 3, 4], 3), ([1, 2, 3, 5], 3)]) == 2  # position 2 predicts a scored token
+    assert fluency._shared_prefix([([1, 2, 3, 4], 3), ([1, 9, 3, 5], 3)]) == 1
+    assert fluency._shared_prefix([([1, 2, 3, 4], 3), ([7, 2, 3, 5], 3)]) == 0
+    assert fluency._shared_prefix([([1, 2], 0), ([1, 2], 0)]) == 0
 
 
 def test_empty_continuation_gives_nan_and_mean_skips_it(tokenizer, lm):
