@@ -100,7 +100,7 @@ def test_perplexity_matches_an_unbatched_reference_and_is_batch_invariant(tokeni
     assert single == pytest.approx(expected, rel=1e-4)
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3", "gpt2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3", "gpt2", "gpt_neox", "phi", "opt"])
 def test_a_prompts_continuations_run_its_tokens_once_and_match_the_unbatched_reference(tokenizer, family):
     """An eval record's 25 continuations share their prompt: its tokens run once, as one row, and every continuation
     extends that cache (Gemma 3: sliding-window layers; GPT-2: learned positions). Each perplexity is the reference's."""
