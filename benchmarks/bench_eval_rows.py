@@ -3,7 +3,8 @@
 ``steerkit eval`` draws ``num_continuations`` (25) rows of each prompt in one call, a unit. This times that shape
 through the Python API: ``--prompts`` prompts of ``prompts/toxicity_nontoxic_eval.jsonl``, each one ``generate`` call
 of ``--rows`` sampled rows × ``--tokens`` tokens (a seed per prompt), with each of ``--settings``: plain,
-``toxicity-token`` or ``toxicity`` (β = −20, k = 20; the default is plain and ``toxicity-token``), on steerkit's engine (float32, eager) and on ``engine="llama.cpp"`` (the packaged Q4_1 GGUF), 1 thread.
+``toxicity-token`` or ``toxicity`` (β = −20, k = 20; the default is plain and ``toxicity-token``), on steerkit's
+engine (float32, eager) and on ``engine="llama.cpp"`` (the packaged Q4_1 GGUF), 1 thread.
 Each (tree, engine) runs in a process of its own, in alternating order over ``--rounds``; a ``--trees`` entry is
 another checkout (a ``git worktree`` of an older revision, put first on ``PYTHONPATH``): before/after in one run.
 

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import inspect
 
-__all__ = ["cache_kwargs", "cache_argument", "output_cache", "static_cache", "set_static_write_column"]
+__all__ = ["cache_kwargs", "cache_argument", "output_cache", "static_cache", "set_static_write_column", "takes_cache"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,6 +58,11 @@ def cache_argument(model) -> str:
             break
         m = inner()
     return _library_default()
+
+
+def takes_cache(model) -> bool:
+    """Whether ``model.forward`` names a KV-cache argument (``cache`` or ``past_key_values``) itself."""
+    return _argument_of(type(model)) is not None
 
 
 def cache_kwargs(model, cache) -> dict:

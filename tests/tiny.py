@@ -19,7 +19,8 @@ def family_lm(family: str, tokenizer, seed: int = 0, layers: int = 3, hidden: in
     common = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
                   max_position_embeddings=128, **special)
     if family == "gpt2":
-        config, cls = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=128, **special), tf.GPT2LMHeadModel
+        config = tf.GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=128, **special)
+        cls = tf.GPT2LMHeadModel
     elif family == "gpt_neox":
         config, cls = tf.GPTNeoXConfig(intermediate_size=2 * hidden, **common), tf.GPTNeoXForCausalLM
     elif family == "opt":

@@ -41,6 +41,7 @@ class PerplexityScorer:
 
         self.max_length = max_length or context_length(self.model) or 2048
         self.bos = self._bos_prefix()
+        self.shares_prompts = _attention_only(self.model)
 
     def _bos_prefix(self) -> list[int]:
         tok = self.tokenizer
@@ -90,7 +91,7 @@ class PerplexityScorer:
             input_ids, mask, target = input_ids.to(device), mask.to(device), target.to(device)
             # the LM head only where a continuation token is predicted: with a large vocabulary
             # (Gemma: 262k) the head costs more than the transformer, and prompt positions need none
-            shared = _shared_prefix(seqs)
+            shared = _shared_prefix(seqs) if self.shares_prompts else 0
             hidden = self._hidden(input_ids, mask, shared)
             sel = target[:, 1 + shared:]
             logits = self.model.get_output_embeddings()(hidden[:, :-1][sel]).float()
@@ -112,7 +113,7 @@ class PerplexityScorer:
         rows then extend: the same states up to the order of floating-point sums."""
         decoder = self.model.get_decoder()
         if not shared:
-            return decoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+            return decoder(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
         from transformers import DynamicCache
 
         from ..hf_compat import cache_kwargs
@@ -135,3 +136,19 @@ def _shared_prefix(seqs: list[tuple[list[int], int]]) -> int:
     while n < limit and all(len(ids) > n and ids[n] == first[n] for ids, _ in seqs):
         n += 1
     return n
+
+
+#: the layers whose KV a transformers ``DynamicCache`` holds (``config.layer_types``; a model without the list has
+#: full attention throughout)
+_ATTENTION_LAYERS = {"full_attention", "sliding_attention"}
+
+
+def _attention_only(model) -> bool:
+    """Whether ``model``'s rows can extend a shared prompt's cache: its decoder takes a KV cache and every layer is an
+    attention layer (a state-space or linear-attention layer keeps another kind of state; such a model runs every
+    row whole)."""
+    from ..hf_compat import takes_cache
+
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    layer_types = getattr(config, "layer_types", None) or []
+    return takes_cache(model.get_decoder()) and set(layer_types) <= _ATTENTION_LAYERS

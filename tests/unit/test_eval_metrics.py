@@ -103,7 +103,8 @@ def test_perplexity_matches_an_unbatched_reference_and_is_batch_invariant(tokeni
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3", "gpt2", "gpt_neox", "phi", "opt"])
 def test_a_prompts_continuations_run_its_tokens_once_and_match_the_unbatched_reference(tokenizer, family):
     """An eval record's 25 continuations share their prompt: its tokens run once, as one row, and every continuation
-    extends that cache (Gemma 3: sliding-window layers; GPT-2: learned positions). Each perplexity is the reference's."""
+    extends that cache (Gemma 3: sliding-window layers; GPT-2, OPT: learned positions). Each perplexity is the
+    reference's."""
     lm = family_lm(family, tokenizer, seed=2)
     prompt = "You are a wonderful friend and I"
     conts = [" fox jumps over the lazy dog.", " love this", "ly", " awful and stupid, said nobody ever", ""]
@@ -121,6 +122,27 @@ def test_a_prompts_continuations_run_its_tokens_once_and_match_the_unbatched_ref
     assert seen[:2] == [(1, n), (3, max(len(ids) for ids, _ in shared) - n)]  # the prompt once, then the rows
     assert got[:4] == pytest.approx([manual_ppl(lm, tokenizer, prompt, c) for c in conts[:4]], rel=1e-4)
     assert math.isnan(got[4])
+
+
+def test_a_model_with_layers_that_are_not_attention_runs_every_row_whole(tokenizer):
+    """A state-space or linear-attention layer keeps no KV that a DynamicCache could copy: no sharing (the names
+    alone are changed here: the tiny Llama computes as before), and the same values."""
+    lm = family_lm("llama", tokenizer, seed=2)
+    assert PerplexityScorer((lm, tokenizer)).shares_prompts
+    prompt, conts = "The quick brown", [" fox jumps", " dog sleeps", " cat"]
+    expected = [manual_ppl(lm, tokenizer, prompt, c) for c in conts]
+    lm.config.layer_types = ["full_attention", "linear_attention", "full_attention"]
+    scorer = PerplexityScorer((lm, tokenizer))
+    assert not scorer.shares_prompts
+    seen = []
+    hook = lm.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
+    try:
+        got = scorer.perplexities([prompt] * 3, conts)
+    finally:
+        hook.remove()
+    assert len(seen) == 1 and seen[0][0] == 3
+    assert got == pytest.approx(expected, rel=1e-4)
 
 
 def test_rows_share_no_prefix_alone_or_where_it_would_hide_a_scored_position():
