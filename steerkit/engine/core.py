@@ -22,7 +22,7 @@ import torch
 
 from .lm_cache import lm_batch
 from .reward_groups import RewardGroup, join_groups, prepare_lm_state
-from .rows import Row
+from .rows import Row, distinct_prompts
 from .step import BatchPlan, StepOutput, chosen_index, make_plan, rad_step, raise_non_finite
 
 
@@ -107,9 +107,30 @@ class EngineCore:
         return failed
 
     def _prefill(self, rows: list[Row], failed: dict) -> dict:
-        """``{row: Prefilled}`` of newcomers that arrive together, prefilled apart from the running rows (in padded
-        forwards of similar lengths where the LM's batch offers ``prefill_many``); if such a forward fails, each row is
-        prefilled alone, so that only a row that fails alone fails (into ``failed``)."""
+        """``{row: Prefilled}`` of newcomers that arrive together, prefilled apart from the running rows: each distinct
+        prompt once (a request's ``n`` rows share it: the others get copies, ``copy_prefilled``), in padded forwards of
+        similar lengths where the LM's batch offers ``prefill_many``; if such a forward fails, each prompt is
+        prefilled alone, so that only rows whose prompt fails alone fail (into ``failed``)."""
+        runs, pick = distinct_prompts([row.prompt_ids for row in rows])
+        leaders = [rows[i] for i in runs]
+        done = self._prefill_distinct(leaders, failed)
+        out = {}
+        for row, run in zip(rows, pick):
+            leader = leaders[run]
+            if leader in failed:
+                failed[row] = failed[leader]
+            elif row is leader:
+                out[row] = done[row]
+            else:
+                try:
+                    out[row] = self.batch.copy_prefilled(done[leader])
+                except Exception as exc:  # noqa: BLE001
+                    if self.strict:
+                        raise
+                    failed[row] = exc
+        return out
+
+    def _prefill_distinct(self, rows: list[Row], failed: dict) -> dict:
         many = getattr(self.batch, "prefill_many", None)
         if len(rows) > 1 and many is not None:
             try:

@@ -103,6 +103,16 @@ class LlamaCppBatch:
     def prefill_job(self, ids: list[int], chunk: int) -> LlamaPrefillJob:
         return LlamaPrefillJob(self.lm, ids, chunk)
 
+    def copy_prefilled(self, prefilled: LlamaPrefilled) -> LlamaPrefilled:
+        """Another row of the same prompt (a request's ``n``): a free sequence that copies ``prefilled``'s."""
+        slot = self.lm.take_slot()
+        try:
+            self.lm.copy_sequence(prefilled.slot, slot)
+        except Exception:
+            self.lm.give_slot(slot)
+            raise
+        return LlamaPrefilled(self.lm, slot, prefilled.length, prefilled.logits, prefilled.hidden)
+
     def prefill_padded(self, rows_ids: list[list[int]], tokenizer=None) -> None:
         """Start the batch with these prompts, each row in its own sequence: one ``llama_decode`` of each distinct
         prompt, whose sequence the rows with the same prompt (``num_return_sequences``) then copy."""

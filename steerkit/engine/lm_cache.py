@@ -157,18 +157,20 @@ class LMBatch:
         """Several prompts that arrive together, each a :class:`Prefilled` row as :meth:`prefill` makes it, run in
         left-padded forwards of similar lengths (at most as many padding tokens as real ones in each) instead of one
         forward per prompt. A row's cache and logits equal its own prefill's up to the order of floating-point sums
-        (as a row's decode step in a batch does); its tokens are the same but where two candidates all but tie. Rows
-        with the same prompt (a request's ``n``) share one :class:`Prefilled`: it runs once."""
-        runs, pick = distinct_prompts(rows_ids)
-        prompts = [rows_ids[row] for row in runs]
-        out: list[Prefilled | None] = [None] * len(prompts)
-        for group in _length_groups(prompts):
+        (as a row's decode step in a batch does); its tokens are the same but where two candidates all but tie."""
+        out: list[Prefilled | None] = [None] * len(rows_ids)
+        for group in _length_groups(rows_ids):
             if len(group) == 1:
-                out[group[0]] = self.prefill(prompts[group[0]])
+                out[group[0]] = self.prefill(rows_ids[group[0]])
                 continue
-            for i, row in zip(group, self._prefill_group([prompts[i] for i in group])):
+            for i, row in zip(group, self._prefill_group([rows_ids[i] for i in group])):
                 out[i] = row
-        return [out[run] for run in pick]
+        return out
+
+    def copy_prefilled(self, prefilled: Prefilled) -> Prefilled:
+        """Another row of the same prompt (a request's ``n``): ``prefilled`` itself, since :meth:`join` only reads
+        it (the rows' caches are copies from then on)."""
+        return prefilled
 
     def _prefill_group(self, rows_ids: list[list[int]]) -> list[Prefilled]:
         width = max(len(ids) for ids in rows_ids)

@@ -270,7 +270,7 @@ class Engine:
                 leftovers = None
                 expired = [r for r in [*self._queue, *self._prefills.rows()] if r.handle.cancelled or r.expired(now)]
                 for row in expired:
-                    if row in self._prefills.jobs:
+                    if row in self._prefills:
                         self._prefills.drop([row])
                     else:
                         self._queue.remove(row)

@@ -212,6 +212,58 @@ def test_rows_with_one_prompt_run_it_once_and_share_its_cache():
     assert copies == steerkit.generate(PROMPTS[:1], **kwargs).texts * 3
 
 
+def test_a_requests_n_rows_copy_one_prefill_into_sequences_of_their_own():
+    """The server's rows of one prompt (a request's ``n``, short or chunked) decode it once; each copy holds a
+    sequence of its own, and every seeded row draws what it draws alone."""
+    from steerkit.engine.llama_cpp_batch import LlamaCppBatch
+    from steerkit.engine.llama_cpp_lm import LlamaCppLM
+    from steerkit.models import load_tokenizer, resolve
+    from steerkit.serving.engine import Engine
+    from steerkit.serving.requests import RowSpec
+
+    tokenizer = load_tokenizer(LM)
+    lm = LlamaCppLM(resolve(LM).location, threads=1)
+    batch = LlamaCppBatch(lm)
+    batch.reserve(4, 64)
+    first = batch.prefill(tokenizer(PROMPTS[0]).input_ids)
+    copy = batch.copy_prefilled(first)
+    assert copy.slot != first.slot and torch.equal(copy.logits, first.logits)
+    batch.join([first, copy])
+    batch.advance(torch.tensor([11, 11]))
+    assert torch.equal(batch.logits[1], batch.logits[0])
+    batch.reset()
+
+    positions = []  # of every token llama.cpp decodes
+    decode_sorted = lm._decode_sorted
+    lm._decode_sorted = lambda tokens, at, *rest: (positions.extend(np.asarray(at).tolist()),
+                                                   decode_sorted(tokens, at, *rest))[1]
+    long_prompt = " ".join(PROMPTS)  # longer than the chunk below
+
+    def served(specs, chunk):
+        eng = Engine(lm, tokenizer, {}, default_k=5, max_running=4, max_queue=8, prefill_chunk=chunk)
+        handles = eng.submit_all(specs)
+        eng.start()
+        try:
+            return [h.result(timeout=300).token_ids for h in handles]
+        finally:
+            eng.shutdown(0)
+
+    for prompt, chunk in ((PROMPTS[1], 256), (long_prompt, 8)):
+        specs = [RowSpec(prompt, 6, seed=s, temperature=1.0) for s in (1, 2, 3)]
+        length = len(tokenizer(prompt).input_ids)
+        assert length > chunk or chunk == 256
+        counts = []  # tokens decoded at the prompt's positions: by three rows together, then by one row alone
+        for run in (specs, specs[:1]):
+            positions.clear()
+            out = served(run, chunk)
+            counts.append(sum(p < length for p in positions))
+        assert counts[0] == counts[1] >= length  # the prompt once for the three rows
+        together = served(specs, chunk)
+        assert together == [served([spec], chunk)[0] for spec in specs]
+        assert out[0] == together[0]
+        assert len({tuple(t) for t in together}) > 1
+
+
 def test_seeded_sampling_repeats_and_the_seed_matters():
     import steerkit
 

@@ -1,9 +1,11 @@
 """A prompt that several rows share (``num_return_sequences``, a request's ``n``) runs through the LM once: its rows
-start from copies of its cache. Each row still gets the cache and logits of a forward of every row."""
+start from copies of its cache. Each row still gets the cache and logits of a forward of every row, and the server's
+rows draw what they draw alone; the rows of a long prompt follow one chunked prefill."""
 
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 
 import pytest
 import torch
@@ -11,7 +13,10 @@ import torch
 import steerkit
 from steerkit.engine import lm_cache
 from steerkit.engine.lm_cache import LMBatch
-from steerkit.engine.rows import distinct_prompts
+from steerkit.engine.rows import Row, distinct_prompts
+from steerkit.serving.engine import Engine
+from steerkit.serving.prefill import Prefills
+from steerkit.serving.requests import RowSpec
 from steerkit.steering import SteeringTerm
 from steerkit.rewards.sequence.scorer import RewardModelScorer
 
@@ -67,19 +72,94 @@ def test_prefill_padded_runs_each_prompt_once_and_each_row_gets_every_rows_forwa
     assert not torch.equal(shared.logits[2], shared.logits[0])
 
 
-def test_prefill_many_runs_each_prompt_once_and_rows_equal_their_own_prefill(lm, tokenizer):
+def prefill_forwards(seen):
+    """The batch sizes of the forwards that ran more than one token (prefills; a decode step runs one)."""
+    return [shape[0] for shape in seen if shape[1] > 1]
+
+
+@contextlib.contextmanager
+def forward_shapes(model):
+    seen: list[tuple] = []
+    handle = model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
+                                             with_kwargs=True)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def served(lm, tokenizer, reward, specs, **kw) -> list[list[int]]:
+    """The token ids the serving engine gives ``specs``, all queued before its loop starts (one pass admits them)."""
+    eng = Engine(lm, tokenizer, {"tiny": reward}, default_k=5, max_running=8, max_queue=16, **kw)
+    handles = eng.submit_all(specs)
+    eng.start()
+    try:
+        return [h.result(timeout=60).token_ids for h in handles]
+    finally:
+        eng.shutdown(0)
+
+
+def test_a_requests_n_rows_run_their_prompt_once_and_draw_what_each_draws_alone(lm, tokenizer, reward_model):
+    reward = RewardModelScorer(reward_model, context="full")
+    specs = [RowSpec("The movie was", 6, seed=s, rewards={"tiny": 2.0}) for s in (1, 2, 3)] + [RowSpec("You are", 6,
+                                                                                                        seed=4)]
+    with forward_shapes(lm) as seen:
+        together = served(lm, tokenizer, reward, specs)
+    assert sum(prefill_forwards(seen)) == 2  # two distinct prompts, whatever the rows
+    assert together == [served(lm, tokenizer, reward, [spec])[0] for spec in specs]
+    assert len({tuple(t) for t in together[:3]}) > 1  # the seeds differ
+
+
+def test_rows_with_one_long_prompt_follow_one_chunked_prefill(lm, tokenizer, reward_model):
+    """Prompts longer than a chunk run a chunk per pass: the rows of one such prompt run its chunks once between
+    them, and each draws what it draws alone (its own job)."""
+    reward = RewardModelScorer(reward_model, context="full")
+    prompt = "the quick brown fox jumps over the lazy dog and then the dog"
+    length = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    assert length > 8
+    specs = [RowSpec(prompt, 5, seed=s, rewards={"tiny": 2.0}) for s in (1, 2, 3)]
+    with forward_shapes(lm) as seen:
+        together = served(lm, tokenizer, reward, specs, prefill_chunk=4)
+    chunks = [min(4, length - start) for start in range(0, length, 4)]
+    assert prefill_forwards(seen) == [1 for n in chunks if n > 1]  # one job's chunks, once (a 1-token one is unseen)
+    assert together == [served(lm, tokenizer, reward, [spec], prefill_chunk=4)[0] for spec in specs]
+
+
+def long_rows(tokenizer, prompts):
+    return [Row(p, tokenizer(p, add_special_tokens=False)["input_ids"], [], 5, 1.0, 4) for p in prompts]
+
+
+def test_a_follower_takes_the_job_over_when_its_row_goes(lm, tokenizer):
+    prompt = "the quick brown fox jumps over the lazy dog and then the dog"
+    rows = long_rows(tokenizer, [prompt] * 3 + ["a different prompt that is long enough to need chunks"])
     batch = LMBatch(lm)
-    with forwarded_rows(lm) as seen:
-        got = batch.prefill_many(ROWS)
-    assert sum(seen) == 3
-    assert got[0] is got[2] is got[5] and got[1] is got[4]
-    for ids, row in zip(ROWS, got):
-        alone = batch.prefill(ids)
-        assert row.length == len(ids)
-        torch.testing.assert_close(row.logits, alone.logits, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(row.cache.layers[-1].keys, alone.cache.layers[-1].keys, rtol=1e-5, atol=1e-5)
-    batch.join(got)  # a Prefilled shared by rows joins as a row each
-    assert batch.size == 6 and torch.equal(batch.logits[2], batch.logits[0])
+    prefills = Prefills(batch, 4)
+    queue = deque(rows)
+    taken = prefills.take(queue, room=8)
+    assert taken == rows[:3] and list(queue) == rows[3:]  # copies cost no budget; another long prompt waits
+    ready, failed = prefills.run(taken)
+    assert not ready and not failed and len(prefills) == 3 and prefills.rows() == rows[:3]
+    assert list(prefills.jobs) == [rows[0]] and prefills.followers == {rows[0]: rows[1:3]}
+    prefills.drop([rows[0]])
+    assert rows[0] not in prefills and rows[1] in prefills and rows[2] in prefills and len(prefills) == 2
+    assert list(prefills.jobs) == [rows[1]] and prefills.followers == {rows[1]: [rows[2]]}
+    while not ready:
+        ready, failed = prefills.run([])
+    assert set(ready) == {rows[1], rows[2]} and not failed and len(prefills) == 0
+    alone = batch.prefill(rows[1].prompt_ids)
+    torch.testing.assert_close(ready[rows[2]].logits, alone.logits, rtol=1e-5, atol=1e-5)
+    assert ready[rows[2]] is ready[rows[1]]  # a transformers LM's rows share the Prefilled (join copies it)
+
+
+def test_a_failing_chunk_fails_every_row_of_its_prompt(lm, tokenizer, monkeypatch):
+    rows = long_rows(tokenizer, ["the quick brown fox jumps over the lazy dog and then the dog"] * 2)
+    prefills = Prefills(LMBatch(lm), 4)
+    taken = prefills.take(deque(rows), room=8)
+    prefills.run(taken)
+    job = prefills.jobs[rows[0]]
+    monkeypatch.setattr(job, "run_chunk", lambda: (_ for _ in ()).throw(RuntimeError("the LM broke")))
+    ready, failed = prefills.run([])
+    assert not ready and set(failed) == set(rows) and len(prefills) == 0
 
 
 @pytest.mark.parametrize("rows", [1, 2])
