@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,13 +53,10 @@ def child(engine: str, prompts: int, rows: int, tokens: int, settings: list[str]
 
 
 def run(tree: str, engine: str, args) -> dict:
-    env = dict(os.environ)
-    if tree != ".":
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(tree).resolve()), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, __file__, "--child", engine, "--prompts", str(args.prompts), "--rows", str(args.rows),
-           "--tokens", str(args.tokens), "--settings", *args.settings]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from trees import run_child
+
+    return run_child(tree, __file__, ["--child", engine, "--prompts", str(args.prompts), "--rows", str(args.rows),
+                                      "--tokens", str(args.tokens), "--settings", *args.settings])
 
 
 def main() -> None:
@@ -85,9 +81,10 @@ def main() -> None:
 
     setups = [(tree, engine) for tree in args.trees for engine in args.engines]
     load_before = os.getloadavg()
+    from trees import alternated
+
     rounds, differ = [], {}
-    for r in range(args.rounds):
-        order = setups if r % 2 == 0 else setups[::-1]
+    for r, order in alternated(setups, args.rounds):
         runs = {f"{engine}@{tree}": run(tree, engine, args) for tree, engine in order}
         seconds = {key: got["seconds"] for key, got in runs.items()}
         rounds.append(seconds)

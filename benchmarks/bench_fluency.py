@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,12 +56,9 @@ def make_records(prompts: int, rows: int, tokens: int) -> list[dict]:
 
 
 def run(tree: str, records: Path, args) -> dict:
-    env = dict(os.environ)
-    if tree != ".":
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(tree).resolve()), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, __file__, "--child", str(records), "--eval-lm", args.eval_lm]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from trees import run_child
+
+    return run_child(tree, __file__, ["--child", str(records), "--eval-lm", args.eval_lm])
 
 
 def main() -> None:
@@ -83,6 +79,7 @@ def main() -> None:
         sys.exit(f"{DATA} is absent: this benchmark reads the shared eval prompts.")
     sys.path.insert(0, str(HERE))
     from cpu_info import cpu_flags
+    from trees import alternated
 
     records = make_records(args.prompts, args.rows, args.tokens)
     load_before = os.getloadavg()
@@ -90,8 +87,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "records.json"
         path.write_text(json.dumps(records))
-        for r in range(args.rounds):
-            order = args.trees if r % 2 == 0 else args.trees[::-1]
+        for r, order in alternated(args.trees, args.rounds):
             runs = {tree: run(tree, path, args) for tree in order}
             rounds.append({tree: runs[tree]["seconds"] for tree in args.trees})
             first = runs[args.trees[0]]

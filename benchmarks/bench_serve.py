@@ -33,7 +33,6 @@ import os
 import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -155,7 +154,9 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "STEERKIT_PLUGINS": "toxicity"}
         if setup.get("tree"):
-            env["PYTHONPATH"] = os.pathsep.join([setup["tree"]] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+            from trees import tree_env
+
+            env = tree_env(setup["tree"], env)
         self.cmd = [sys.executable, "-m", "steerkit", "serve", "--lm", "smollm2-135m-instruct", "--port", str(port),
                     "--max-running", str(max_running), "--max-queue", str(max(64, args.requests)), "--timeout", "0",
                     "--log-level", "warning", "--engine", args.engine, "--backend", setup["backend"]] + (

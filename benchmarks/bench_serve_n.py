@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -71,13 +70,10 @@ def child(engine_name: str, n: int, max_tokens: int, long: int) -> dict:
 
 
 def run(tree: str, engine: str, args) -> dict:
-    env = dict(os.environ)
-    if tree != ".":
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(tree).resolve()), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, __file__, "--child", engine, "--n", str(args.n), "--max-tokens", str(args.max_tokens),
-           "--long", str(args.long)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from trees import run_child
+
+    return run_child(tree, __file__, ["--child", engine, "--n", str(args.n), "--max-tokens", str(args.max_tokens),
+                                      "--long", str(args.long)])
 
 
 def main() -> None:
@@ -98,12 +94,12 @@ def main() -> None:
         sys.exit(f"{DATA} is absent: this benchmark reads the shared eval prompts.")
     sys.path.insert(0, str(HERE))
     from cpu_info import cpu_flags
+    from trees import alternated
 
     setups = [(tree, engine) for engine in args.engines for tree in args.trees]
     load_before = os.getloadavg()
     rounds = []
-    for r in range(args.rounds):
-        order = setups if r % 2 == 0 else setups[::-1]
+    for r, order in alternated(setups, args.rounds):
         got = {f"{engine}@{tree}": run(tree, engine, args) for tree, engine in order}
         rounds.append(got)
         for tree, engine in setups:
