@@ -40,6 +40,17 @@ def tiny_engine(parts, rewards=None, **kwargs):
     return Engine(lm, tokenizer, rewards, **kwargs)
 
 
+def queued_tokens(engine, specs, timeout: float = 60) -> list[list[int]]:
+    """The token ids ``engine`` (not started) gives ``specs``, all queued before its loop starts, so that its first
+    pass admits them together; the engine is shut down afterwards."""
+    handles = engine.submit_all(specs)
+    engine.start()
+    try:
+        return [h.result(timeout=timeout).token_ids for h in handles]
+    finally:
+        engine.shutdown(0)
+
+
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (for a server or cluster the test starts in another process)."""
     with socket.socket() as s:

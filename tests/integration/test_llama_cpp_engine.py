@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from conftest import generate_cli, requires_smollm2
+from serve_support import queued_tokens
 
 llama_cpp = pytest.importorskip(
     "llama_cpp", reason='llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" pip install '
@@ -240,13 +241,8 @@ def test_a_requests_n_rows_copy_one_prefill_into_sequences_of_their_own():
     long_prompt = " ".join(PROMPTS)  # longer than the chunk below
 
     def served(specs, chunk):
-        eng = Engine(lm, tokenizer, {}, default_k=5, max_running=4, max_queue=8, prefill_chunk=chunk)
-        handles = eng.submit_all(specs)
-        eng.start()
-        try:
-            return [h.result(timeout=300).token_ids for h in handles]
-        finally:
-            eng.shutdown(0)
+        return queued_tokens(Engine(lm, tokenizer, {}, default_k=5, max_running=4, max_queue=8, prefill_chunk=chunk),
+                             specs, timeout=300)
 
     for prompt, chunk in ((PROMPTS[1], 256), (long_prompt, 8)):
         specs = [RowSpec(prompt, 6, seed=s, temperature=1.0) for s in (1, 2, 3)]

@@ -20,6 +20,8 @@ from steerkit.serving.requests import RowSpec
 from steerkit.steering import SteeringTerm
 from steerkit.rewards.sequence.scorer import RewardModelScorer
 
+from serve_support import queued_tokens
+
 A, B, C = [5, 6, 7, 8, 9], [10, 11], [12, 13, 14]
 ROWS = [A, B, A, C, B, A]  # interleaved, of different lengths: a wrong copy would give a row another prompt's state
 
@@ -31,10 +33,10 @@ def test_distinct_prompts_names_the_first_row_of_each_prompt_and_maps_every_row_
 
 
 @contextlib.contextmanager
-def forwarded_rows(model):
-    """The batch size of every forward of ``model`` in the block."""
-    seen: list[int] = []
-    handle = model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape[0]),
+def forward_shapes(model):
+    """The ``input_ids`` shape [rows, tokens] of every forward of ``model`` in the block."""
+    seen: list[tuple] = []
+    handle = model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
                                              with_kwargs=True)
     try:
         yield seen
@@ -50,14 +52,14 @@ def every_row(monkeypatch):
 
 def test_prefill_padded_runs_each_prompt_once_and_each_row_gets_every_rows_forward(lm, tokenizer, monkeypatch):
     shared = LMBatch(lm)
-    with forwarded_rows(lm) as seen:
+    with forward_shapes(lm) as seen:
         shared.prefill_padded(ROWS, tokenizer)
-    assert seen == [3]
+    assert [rows for rows, _ in seen] == [3]
     every_row(monkeypatch)
     full = LMBatch(lm)
-    with forwarded_rows(lm) as seen:
+    with forward_shapes(lm) as seen:
         full.prefill_padded(ROWS, tokenizer)
-    assert seen == [6]
+    assert [rows for rows, _ in seen] == [6]
     assert torch.equal(shared.mask, full.mask) and torch.equal(shared.pos, full.pos)
     torch.testing.assert_close(shared.logits, full.logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(shared.hidden, full.hidden, rtol=1e-5, atol=1e-5)
@@ -77,26 +79,8 @@ def prefill_forwards(seen):
     return [shape[0] for shape in seen if shape[1] > 1]
 
 
-@contextlib.contextmanager
-def forward_shapes(model):
-    seen: list[tuple] = []
-    handle = model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
-                                             with_kwargs=True)
-    try:
-        yield seen
-    finally:
-        handle.remove()
-
-
 def served(lm, tokenizer, reward, specs, **kw) -> list[list[int]]:
-    """The token ids the serving engine gives ``specs``, all queued before its loop starts (one pass admits them)."""
-    eng = Engine(lm, tokenizer, {"tiny": reward}, default_k=5, max_running=8, max_queue=16, **kw)
-    handles = eng.submit_all(specs)
-    eng.start()
-    try:
-        return [h.result(timeout=60).token_ids for h in handles]
-    finally:
-        eng.shutdown(0)
+    return queued_tokens(Engine(lm, tokenizer, {"tiny": reward}, default_k=5, max_running=8, max_queue=16, **kw), specs)
 
 
 def test_a_requests_n_rows_run_their_prompt_once_and_draw_what_each_draws_alone(lm, tokenizer, reward_model):
