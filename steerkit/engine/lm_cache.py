@@ -196,8 +196,8 @@ class LMBatch:
     def prefill_padded(self, rows_ids: list[list[int]], tokenizer) -> None:
         """Start the batch with these prompts in one forward, padded by ``tokenizer`` (left padding), as
         ``steerkit.generate`` and transformers prefill a batch; the batch must be empty. A prompt that several rows
-        share (``num_return_sequences``) runs once, and its rows start from copies of its cache: the same cache, and
-        logits up to the order of floating-point sums (the forward has fewer rows)."""
+        share (``num_return_sequences``) runs once, and its rows start from copies of its cache and logits, which
+        equal a forward of every row's up to the order of floating-point sums (the forward has fewer rows)."""
         if self.size:
             raise RuntimeError("prefill_padded starts a batch: this one is running")
         runs, pick = distinct_prompts(rows_ids)
