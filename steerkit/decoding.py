@@ -14,7 +14,7 @@ from .engine.rows import Row
 from .engine.step import chosen_index, sample
 from .engine.text import cut_at_stop
 from .errors import InvalidArgumentError, PromptTooLongError
-from .models import context_length
+from .models import context_length, text_config
 from .params import SteerParams
 from .steering import SteeringTerm, check_terms, warn_if_slow
 from .validators import validate_int, validate_k, validate_prompts
@@ -127,8 +127,7 @@ class RewardAugmentedGenerator:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.terms = check_terms(list(terms))
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.vocab_size = config.vocab_size
+        self.vocab_size = text_config(model).vocab_size
         self.k = validate_k(k, self.vocab_size)
         #: k is large for a sequence reward: a step takes long, so ``progress=True`` shows a per-step bar.
         self.slow = warn_if_slow(self.k, self.terms)

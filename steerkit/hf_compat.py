@@ -43,11 +43,9 @@ def _argument_of(cls: type) -> str | None:
     return _ARGUMENTS[cls]
 
 
-def cache_argument(model) -> str:
-    """``"cache"`` or ``"past_key_values"``: the keyword ``model.forward`` takes its KV cache by.
-
-    A wrapper whose ``forward`` takes ``**kwargs`` only (a peft model) is looked through to the model it wraps.
-    """
+def _named_argument(model) -> str | None:
+    """The KV-cache keyword ``model.forward`` names, looking through a wrapper whose ``forward`` takes ``**kwargs``
+    only (a peft model) to the model it wraps; None when none names one."""
     m = model
     for _ in range(4):
         name = _argument_of(type(m))
@@ -57,12 +55,18 @@ def cache_argument(model) -> str:
         if not callable(inner):
             break
         m = inner()
-    return _library_default()
+    return None
+
+
+def cache_argument(model) -> str:
+    """``"cache"`` or ``"past_key_values"``: the keyword ``model.forward`` takes its KV cache by (the installed
+    transformers' name where the model names neither)."""
+    return _named_argument(model) or _library_default()
 
 
 def takes_cache(model) -> bool:
-    """Whether ``model.forward`` names a KV-cache argument (``cache`` or ``past_key_values``) itself."""
-    return _argument_of(type(model)) is not None
+    """Whether ``model.forward`` (or the model a wrapper wraps) names a KV-cache argument."""
+    return _named_argument(model) is not None
 
 
 def cache_kwargs(model, cache) -> dict:

@@ -305,6 +305,13 @@ def load_causal_lm(reference: str | os.PathLike, *, dtype=None, device: str | No
     return model, tokenizer, source
 
 
+def text_config(model):
+    """The config of ``model``'s text decoder (``get_text_config()`` where the config has one: a multimodal model's),
+    else its config."""
+    config = model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def context_length(model) -> int | None:
     """The model's maximum number of positions, if its config states one."""
     cfg = getattr(model, "config", None)

@@ -1,3 +1,4 @@
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -141,3 +142,15 @@ def _one_thread():
 
 # Tiny models run fastest single-threaded, and one thread keeps the suite robust on a busy 2-core machine.
 torch.set_num_threads(1)
+
+
+@contextlib.contextmanager
+def forward_shapes(model):
+    """The ``input_ids`` shape [rows, tokens] of every forward of ``model`` in the block."""
+    seen: list[tuple] = []
+    handle = model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
+                                             with_kwargs=True)
+    try:
+        yield seen
+    finally:
+        handle.remove()

@@ -31,6 +31,7 @@ import torch
 
 from ..errors import InvalidArgumentError, ModelFormatError, SteerkitError
 from ..llama_cpp_lib import Batch, load as _load_lib
+from .llama_cpp_batch import LlamaCppBatch
 
 #: A context is sized in multiples of this many cells per sequence (fewer re-creations as lengths vary).
 CELL_QUANTUM = 256
@@ -239,9 +240,7 @@ class LlamaCppLM:
                     hidden.append(np.ctypeslib.as_array(pointer, shape=(count, width)).copy())
         return _rows(logits, self.vocab_size), _rows(hidden, width) if states else None
 
-    def make_batch(self) -> "LlamaCppBatch":
-        from .llama_cpp_batch import LlamaCppBatch  # the batch module imports this one
-
+    def make_batch(self) -> LlamaCppBatch:
         return LlamaCppBatch(self)
 
 

@@ -94,6 +94,13 @@ class PrefillJob:
         return Prefilled(self.cache, len(self.ids), out.logits[:, -1, :].float(), hidden)
 
 
+def _take_rows(cache: DynamicCache, index: torch.Tensor, start: int = 0) -> None:
+    """Make every layer of ``cache`` hold rows ``index`` (a repeated row is a copy), from column ``start`` on."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, index)[:, :, start:]
+        layer.values = layer.values.index_select(0, index)[:, :, start:]
+
+
 def _check_full_attention(model, cache: DynamicCache) -> None:
     for layer in cache.layers:
         if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
@@ -206,8 +213,7 @@ class LMBatch:
         cache, positions, logits, hidden = self._padded_forward(enc["input_ids"].to(self.device), mask)
         if len(runs) < len(rows_ids):  # every prompt is among the runs, so the padded width is the same
             index = torch.tensor(pick, device=self.device)
-            for layer in cache.layers:
-                layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+            _take_rows(cache, index)
             mask, positions, logits = mask[index], positions[index], logits[index]
             hidden = None if hidden is None else hidden[index]
         self.cache, self.logits, self.hidden = cache, logits, hidden
@@ -250,9 +256,7 @@ class LMBatch:
         index = index.to(self.device)
         mask = self.mask.index_select(0, index)
         start = first_used_column(mask)
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
-            layer.values = layer.values.index_select(0, index)[:, :, start:]
+        _take_rows(self.cache, index, start)
         self.mask = mask[:, start:]
         self.pos = self.pos.index_select(0, index)
         self.logits = self.logits.index_select(0, index)

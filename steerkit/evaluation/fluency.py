@@ -15,7 +15,8 @@ from typing import Sequence
 import torch
 
 from ..errors import InvalidArgumentError
-from ..models import DEFAULT_EVAL_LM
+from ..hf_compat import cache_kwargs, takes_cache
+from ..models import DEFAULT_EVAL_LM, text_config
 
 
 class PerplexityScorer:
@@ -95,8 +96,7 @@ class PerplexityScorer:
             hidden = self._hidden(input_ids, mask, shared)
             sel = target[:, 1 + shared:]
             logits = self.model.get_output_embeddings()(hidden[:, :-1][sel]).float()
-            cap = getattr(self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config")
-                          else self.model.config, "final_logit_softcapping", None)
+            cap = getattr(text_config(self.model), "final_logit_softcapping", None)
             if cap:
                 logits = torch.tanh(logits / cap) * cap
             nll = -torch.log_softmax(logits, -1).gather(-1, input_ids[:, 1 + shared:][sel][:, None]).squeeze(-1)
@@ -115,8 +115,6 @@ class PerplexityScorer:
         if not shared:
             return decoder(input_ids=input_ids, attention_mask=mask, use_cache=False).last_hidden_state
         from transformers import DynamicCache
-
-        from ..hf_compat import cache_kwargs
 
         cache = DynamicCache(config=self.model.config)
         decoder(input_ids=input_ids[:1, :shared], use_cache=True, **cache_kwargs(decoder, cache))
@@ -147,8 +145,5 @@ def _attention_only(model) -> bool:
     """Whether ``model``'s rows can extend a shared prompt's cache: its decoder takes a KV cache and every layer is an
     attention layer (a state-space or linear-attention layer keeps another kind of state; such a model runs every
     row whole)."""
-    from ..hf_compat import takes_cache
-
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    layer_types = getattr(config, "layer_types", None) or []
+    layer_types = getattr(text_config(model), "layer_types", None) or []
     return takes_cache(model.get_decoder()) and set(layer_types) <= _ATTENTION_LAYERS

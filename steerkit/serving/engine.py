@@ -47,7 +47,7 @@ from ..decoding import eos_ids
 from ..engine.core import EngineCore
 from ..engine.rows import Row
 from ..errors import ServerBusyError, ServerShuttingDownError
-from ..models import context_length
+from ..models import context_length, text_config
 from ..steering import LARGE_K
 from ..validators import validate_int, validate_k
 from .requests import FinishEvent, RowHandle, RowSpec, TokenEvent
@@ -88,7 +88,7 @@ class Engine:
                  model_name: str | None = None, max_k_sequence: int = LARGE_K, prefill_chunk: int = PREFILL_CHUNK):
         self.lm = lm.eval()
         self.tokenizer = tokenizer
-        config = lm.config.get_text_config() if hasattr(lm.config, "get_text_config") else lm.config
+        config = text_config(lm)
         self.vocab_size = config.vocab_size
         self.context = context_length(lm)
         self.eos = set(eos_ids(lm, tokenizer))

@@ -9,6 +9,7 @@ from steerkit.errors import InvalidArgumentError
 from steerkit.evaluation import metrics as M
 from steerkit.evaluation import fluency
 from steerkit.evaluation.fluency import PerplexityScorer
+from conftest import forward_shapes
 from tiny import family_lm, tiny_lm
 
 
@@ -111,13 +112,8 @@ def test_a_prompts_continuations_run_its_tokens_once_and_match_the_unbatched_ref
     scorer = PerplexityScorer((lm, tokenizer), batch_size=3)
     shared = [scorer.split(prompt, c) for c in conts[:3]]
     assert 0 < fluency._shared_prefix(shared) < min(start for _, start in shared)
-    seen = []
-    hook = lm.get_decoder().register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
-    try:
+    with forward_shapes(lm.get_decoder()) as seen:
         got = scorer.perplexities([prompt] * len(conts), conts)
-    finally:
-        hook.remove()
     n = fluency._shared_prefix(shared)
     assert seen[:2] == [(1, n), (3, max(len(ids) for ids, _ in shared) - n)]  # the prompt once, then the rows
     assert got[:4] == pytest.approx([manual_ppl(lm, tokenizer, prompt, c) for c in conts[:4]], rel=1e-4)
@@ -134,13 +130,8 @@ def test_a_model_with_layers_that_are_not_attention_runs_every_row_whole(tokeniz
     lm.config.layer_types = ["full_attention", "linear_attention", "full_attention"]
     scorer = PerplexityScorer((lm, tokenizer))
     assert not scorer.shares_prompts
-    seen = []
-    hook = lm.get_decoder().register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True)
-    try:
+    with forward_shapes(lm.get_decoder()) as seen:
         got = scorer.perplexities([prompt] * 3, conts)
-    finally:
-        hook.remove()
     assert len(seen) == 1 and seen[0][0] == 3
     assert got == pytest.approx(expected, rel=1e-4)
 

@@ -4,7 +4,6 @@ rows draw what they draw alone; the rows of a long prompt follow one chunked pre
 
 from __future__ import annotations
 
-import contextlib
 from collections import deque
 
 import pytest
@@ -20,6 +19,7 @@ from steerkit.serving.requests import RowSpec
 from steerkit.steering import SteeringTerm
 from steerkit.rewards.sequence.scorer import RewardModelScorer
 
+from conftest import forward_shapes
 from serve_support import queued_tokens
 
 A, B, C = [5, 6, 7, 8, 9], [10, 11], [12, 13, 14]
@@ -30,18 +30,6 @@ def test_distinct_prompts_names_the_first_row_of_each_prompt_and_maps_every_row_
     assert distinct_prompts(ROWS) == ([0, 1, 3], [0, 1, 0, 2, 1, 0])
     assert distinct_prompts([A, B]) == ([0, 1], [0, 1])
     assert distinct_prompts([]) == ([], [])
-
-
-@contextlib.contextmanager
-def forward_shapes(model):
-    """The ``input_ids`` shape [rows, tokens] of every forward of ``model`` in the block."""
-    seen: list[tuple] = []
-    handle = model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
-                                             with_kwargs=True)
-    try:
-        yield seen
-    finally:
-        handle.remove()
 
 
 def every_row(monkeypatch):
