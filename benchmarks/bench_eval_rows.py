@@ -78,11 +78,10 @@ def main() -> None:
         sys.exit(f"{DATA} is absent: this benchmark reads the shared eval prompts.")
     sys.path.insert(0, str(HERE))
     from cpu_info import cpu_flags
+    from trees import alternated
 
     setups = [(tree, engine) for tree in args.trees for engine in args.engines]
     load_before = os.getloadavg()
-    from trees import alternated
-
     rounds, differ = [], {}
     for r, order in alternated(setups, args.rounds):
         runs = {f"{engine}@{tree}": run(tree, engine, args) for tree, engine in order}
