@@ -23,6 +23,8 @@ import torch
 from .lm_cache import lm_batch
 from .reward_groups import RewardGroup, join_groups, prepare_lm_state
 from .rows import Row, distinct_prompts
+from ..rewards.base import candidate_bounds
+from .pruning import Gate, can_prune, prunable, pruned_step
 from .step import BatchPlan, StepOutput, chosen_index, make_plan, rad_step, raise_non_finite
 
 
@@ -30,6 +32,10 @@ from .step import BatchPlan, StepOutput, chosen_index, make_plan, rad_step, rais
 #: (``commit_chosen``, no read-back from a GPU); False: by token (``commit``), what ``benchmarks/bench_gpu.py``'s
 #: ``compiled-search-commit`` mode compares it with.
 COMMIT_BY_INDEX = True
+
+#: Whether a CPU step scores bounded rewards only on the candidates that can still be chosen
+#: (:mod:`steerkit.engine.pruning`: the same choice); False: every reward on all k, what benchmarks compare it with.
+PRUNE_CANDIDATES = True
 
 
 @dataclass
@@ -184,27 +190,44 @@ class EngineCore:
             self._plan = make_plan(self.rows, self.batch.device, self.shared_rng)
             self._where = {row: b for b, row in enumerate(self.rows)}
             self._tracing = any(row.trace for row in self.rows)
+            self._bounds = self._prunable(self._plan)
+            self._gate, self._guess = Gate(), None
         return self._plan
+
+    def _prunable(self, plan: BatchPlan) -> dict:
+        """The rewards whose candidates a step may leave out (:mod:`steerkit.engine.pruning`), with their bounds."""
+        if not PRUNE_CANDIDATES or not can_prune(plan, self.batch.device):
+            return {}
+        bounds = {key: candidate_bounds(group.reward) for key, group in self.groups.items() if group.parts}
+        return prunable(plan, {key: b for key, b in bounds.items() if b is not None})
 
     # -- the step ---------------------------------------------------------------------------------------
     def step(self, *, keep_output: bool = False) -> StepReport:
-        """One decoding step of every row (finished rows of a shared batch included, fed padding)."""
+        """One decoding step of every row (finished rows of a shared batch included, fed padding). ``keep_output``:
+        the report keeps the step's output, every reward on all k candidates (traces)."""
         rows, plan, where = self.rows, self.plan, self._where
         failed: dict = {}
         seconds: dict[str, float] = {}
 
-        def score(ids: torch.Tensor) -> dict:
+        def score(ids: torch.Tensor, keys: set | None = None) -> dict:
             rho = {}
             for key, group in self.groups.items():
-                if group.parts:
+                if group.parts and (keys is None or key in keys):
                     start = time.perf_counter()
                     state = self.batch.hidden if group.reads_state else None
                     rho[key], errors = group.score(ids, where, state)
-                    seconds[group.name] = time.perf_counter() - start
+                    seconds[group.name] = seconds.get(group.name, 0.0) + time.perf_counter() - start
                     failed.update(errors)
             return rho
 
-        out = rad_step(self.batch.logits, plan, score, [row.steps for row in rows])
+        steps = [row.steps for row in rows]
+        if self._bounds and not keep_output and self._gate.open():
+            live = torch.tensor([not row.finished for row in rows]) if any(row.finished for row in rows) else None
+            out = pruned_step(self.batch.logits, plan, score, steps, self._bounds, live, self._guess)
+            self._gate.record(out.width, plan.K)
+            self._guess = out.chosen_rho
+        else:
+            out = rad_step(self.batch.logits, plan, score, steps)
         tokens, ok = torch.stack([out.tokens, out.ok.to(out.tokens.dtype)]).tolist()  # the step's one read
         if not all(ok):
             self._non_finite(out, [b for b, v in enumerate(ok) if not v], failed)
@@ -272,11 +295,13 @@ class EngineCore:
             tokens = tokens.index_fill(0, torch.tensor(padded, device=tokens.device), self._pad_id())
         by_index = COMMIT_BY_INDEX and any(g.parts for g in self.groups.values())
         chosen = chosen_index(out.topk_ids, tokens) if by_index else None
+        scored = getattr(out, "scored_ids", None) or {}  # a pruned step's: what each bounded reward scored last
         self.last_tokens, self._stepped = tokens, list(self.rows)
-        for group in self.groups.values():
+        for key, group in self.groups.items():
             if group.parts:
                 start = time.perf_counter()
-                for row, exc in group.commit(tokens, where, chosen).items():
+                index = chosen_index(scored[key], tokens) if by_index and key in scored else chosen
+                for row, exc in group.commit(tokens, where, index).items():
                     failed.setdefault(row, exc)
                 seconds[group.name] = seconds.get(group.name, 0.0) + time.perf_counter() - start
 

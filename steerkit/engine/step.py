@@ -207,7 +207,8 @@ def sampling_plan(temperatures: Sequence[float], generators: list | None, device
 
 
 def sample(scores: torch.Tensor, temperatures: Sequence[float], generators: list | None,
-           plan: Sampling | None = None, ids: torch.Tensor | None = None) -> torch.Tensor:
+           plan: Sampling | None = None, ids: torch.Tensor | None = None,
+           noise: torch.Tensor | None = None) -> torch.Tensor:
     """Each row's token [B]: argmax where its temperature is 0, else a draw from softmax(scores / T).
 
     ``generators`` None: the sampled rows share the default RNG, one ``[B, V]`` draw (``torch.multinomial`` on
@@ -215,14 +216,15 @@ def sample(scores: torch.Tensor, temperatures: Sequence[float], generators: list
     row alone). Rows of one temperature are divided by it as a Python float, as ``generate`` always did.
     ``plan``: the batch's :class:`Sampling` (else worked out from ``temperatures`` and ``generators``).
     ``ids``: [B, K], where given every token outside a row's ``ids`` scores ``-inf``; on the CPU the noise is then
-    made only at those tokens (:func:`_draw_at`), the same tokens for fewer logarithms.
+    made only at those tokens (:func:`_draw_at`), the same tokens for fewer logarithms. ``noise``: with ``ids``, the
+    rows' draws at ``ids`` made already (:func:`candidate_noise`, which the pruned step draws before scoring).
     """
     plan = plan or sampling_plan(temperatures, generators, scores.device)
     if plan.all_greedy:
         return scores.argmax(-1)
     probs = torch.softmax(_scale(scores, plan.scale), dim=-1)
-    if ids is not None and scores.device.type == "cpu" and _candidate_draws_match():
-        tokens = _draw_at(probs, ids, plan.draws)
+    if ids is not None and scores.device.type == "cpu" and (noise is not None or _candidate_draws_match()):
+        tokens = _draw_at(probs, ids, plan.draws, noise)
     else:
         tokens = _draw(probs, plan.draws)
     if plan.greedy is not None:
@@ -248,9 +250,27 @@ def _draw(probs: torch.Tensor, draws: list | None) -> torch.Tensor:
 _UNIT = 2.0 ** -53
 
 
-def _draw_at(probs: torch.Tensor, ids: torch.Tensor, draws: list | None) -> torch.Tensor:
+def _draw_at(probs: torch.Tensor, ids: torch.Tensor, draws: list | None,
+             noise: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`_draw`'s tokens, with ``q`` computed only at each row's candidates ``ids`` [B, K] (every other token's
-    probability is 0, so it cannot win ``argmax(p / q)``).
+    probability is 0, so it cannot win ``argmax(p / q)``); ``noise``: that ``q`` (:func:`candidate_noise`)."""
+    order = ids.argsort(dim=-1)  # the candidates in token-id order: argmax's first-index tie-break is the full row's
+    ids = ids.gather(1, order)
+    q = _sorted_noise(ids, probs.shape[1], draws) if noise is None else noise.gather(1, order)
+    return ids.gather(1, probs.gather(1, ids).div_(q).argmax(-1, keepdim=True)).squeeze(1)
+
+
+def candidate_noise(ids: torch.Tensor, vocab_size: int, draws: list | None) -> torch.Tensor:
+    """The ``Exp(1)`` draws ``q`` [B, K] of a CPU step at each row's candidates ``ids`` [B, K] (in ``ids``' order):
+    what :func:`sample` with ``ids`` draws, drawn before the step's choice (a greedy row's: 1). Each generator (or
+    the shared RNG) advances as that draw advances it."""
+    order = ids.argsort(dim=-1)
+    q = _sorted_noise(ids.gather(1, order), vocab_size, draws)
+    return torch.empty_like(q).scatter_(1, order, q)
+
+
+def _sorted_noise(ids: torch.Tensor, V: int, draws: list | None) -> torch.Tensor:
+    """``q`` at ``ids`` [B, K] (each row in token-id order), drawn as ``exponential_`` over each row's ``V`` tokens.
 
     On the CPU ``exponential_`` turns each of a row's ``V`` 64-bit draws into ``-log1p(-u)``, ``u`` = its low 53
     bits times 2**-53, in double, rounded to float32, one draw at a time. ``random_(0, 2**53)`` makes the same ``V``
@@ -258,18 +278,14 @@ def _draw_at(probs: torch.Tensor, ids: torch.Tensor, draws: list | None) -> torc
     only. About 5x cheaper per row at SmolLM2's 49,152 tokens. torch's vectorised ``log1p`` and the kernel's scalar
     one gave the same float32 noise on 9.8 million draws (none differed); :func:`_candidate_draws_match` checks the
     equivalence once per process, and ``tests/unit/test_engine_step.py`` the tokens and generator states."""
-    B, V = probs.shape
-    order = ids.argsort(dim=-1)  # the candidates in token-id order: argmax's first-index tie-break is the full row's
-    ids = ids.gather(1, order)
+    B = ids.shape[0]
     if draws is None:
-        bits = torch.empty((B, V), dtype=torch.int64).random_(0, 1 << 53).gather(1, ids)
-        q = _exponential(bits)
-    else:
-        q = torch.ones(ids.shape, dtype=torch.float32)  # a greedy row's: its token is its argmax anyway
-        for b, g in draws:
-            if g is not None:
-                q[b] = _exponential(torch.empty(V, dtype=torch.int64).random_(0, 1 << 53, generator=g)[ids[b]])
-    return ids.gather(1, probs.gather(1, ids).div_(q).argmax(-1, keepdim=True)).squeeze(1)
+        return _exponential(torch.empty((B, V), dtype=torch.int64).random_(0, 1 << 53).gather(1, ids))
+    q = torch.ones(ids.shape, dtype=torch.float32)  # a greedy row's: its token is its argmax anyway
+    for b, g in draws:
+        if g is not None:
+            q[b] = _exponential(torch.empty(V, dtype=torch.int64).random_(0, 1 << 53, generator=g)[ids[b]])
+    return q
 
 
 def _exponential(bits: torch.Tensor) -> torch.Tensor:

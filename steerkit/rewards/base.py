@@ -81,6 +81,18 @@ def reads_lm_state(reward) -> bool:
     return bool(getattr(reward, "reads_lm_state", False))
 
 
+def candidate_bounds(reward) -> tuple[float, float] | None:
+    """``(lo, hi)`` for a reward that declares ``candidate_bounds``: every ρ it returns lies in ``[lo, hi]``, and its
+    cost grows with the candidates it is given (a sequence reward model scores each as a block). The engine may then
+    score only the candidates that can still be chosen (:mod:`steerkit.engine.pruning`). None: the engine scores all
+    k candidates (a reward that declares nothing, or a token-level one, whose cost hardly depends on k)."""
+    bounds = getattr(reward, "candidate_bounds", None)
+    if bounds is None:
+        return None
+    lo, hi = (float(v) for v in bounds)
+    return (lo, hi) if lo <= hi else None
+
+
 class ScoringCache(Protocol):
     """Incremental state of one reward model over B rows (reward-model token ids).
 

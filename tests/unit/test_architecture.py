@@ -173,7 +173,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "steerkit.hf_compat", "steerkit.hookspecs", "steerkit.plugin_conflicts", "steerkit.provenance",
         "steerkit.registry", "steerkit.model_checks", "steerkit.llama_cpp_lib", "steerkit.model_copies",
         "steerkit.compiling", "steerkit.linear_precision", "steerkit.lazy")),
-    ("the step", ("steerkit.engine", "steerkit.engine.step", "steerkit.engine.text")),
+    ("the step", ("steerkit.engine", "steerkit.engine.step", "steerkit.engine.pruning", "steerkit.engine.text")),
     ("models and rewards", ("steerkit.models", "steerkit.devices", "steerkit.rewards.*")),
     ("the engine core", (
         "steerkit.engine.core", "steerkit.engine.rows", "steerkit.engine.lm_cache", "steerkit.engine.reward_groups",

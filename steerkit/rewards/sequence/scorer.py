@@ -38,6 +38,13 @@ class RewardModelScorer:
     #: eagerly; None: the backend's own cache.
     static: str | None = None
 
+    @property
+    def candidate_bounds(self) -> tuple[float, float] | None:
+        """ρ lies in [0, 1] (the output function is a sigmoid or a clamp) and each candidate costs a block of the
+        forward, so the engine may leave out candidates that cannot be chosen (:mod:`steerkit.engine.pruning`); not
+        on the static scoring cache, whose compiled forward is made per block count."""
+        return None if self.static else (0.0, 1.0)
+
     def compiled_form(self, *, compiled: bool | None = None) -> "RewardModelScorer":
         """This reward as ``compile=True`` runs it (:func:`~steerkit.rewards.static_kv.static_form`): a torch model
         on a CUDA device on the static scoring cache, its candidate scoring compiled; otherwise this reward

@@ -1,0 +1,221 @@
+"""The RAD step scoring only the candidates that can still be chosen: the same choice, fewer reward forwards.
+
+A reward that declares ``candidate_bounds = (lo, hi)`` (every ρ it returns lies in ``[lo, hi]``, and its cost grows
+with the candidates it is given: a sequence reward model, :func:`~steerkit.rewards.base.candidate_bounds`) bounds
+each candidate's score before it is scored: ``z_i + Σ β·f(ρ)`` lies between ``z_i + Σ min(β·f(lo), β·f(hi))`` and
+``z_i + Σ max(...)`` (``f`` a term's transform: none, invert or clamp, all monotone). The step's choice is an
+argmax: greedy, of the scores; sampled, of ``scores / T - log q`` with ``q ~ Exp(1)`` drawn per candidate, the race
+:func:`~steerkit.engine.step.sample` runs (``argmax p / q``), drawn here *before* scoring. So a candidate whose
+upper bound (with its draw) is below a scored candidate's key cannot be chosen and need not be scored:
+
+1. every other reward is scored on all K candidates (its values enter the bounds exactly);
+2. round one scores the candidates of highest upper bound: those within ``GUESS_MARGIN`` of the best key that each
+   row's last chosen ρ predicts (a text's reward moves little from one token to the next), or on a batch's first
+   step ``ROUND_ONE`` of them (none whose upper bound is below the row's best lower bound);
+3. round two, only where some row has an unscored candidate whose upper bound reaches its best key: those
+   candidates and the row's best, padded to one width with the best (a row's session must score every row).
+
+Unscored candidates score ``-inf``: the choice is then the one a step scoring all K makes, token for token for
+greedy rows. A sampled row draws from the same distribution with the same ``q``; its token is the same unless two
+candidates tie to float32 rounding (the shift and the softmax's sum see fewer candidates). Each reward's sessions are
+told the choice by its index among the candidates they scored last (:attr:`PrunedOutput.scored_ids`).
+
+This pays at small batches on the CPU (batch 1: about half the reward forwards of the shipped ``toxicity`` at
+k = 20, β = -20); a batch's round two is as wide as its neediest row, so at 16 rows little is saved
+(docs/performance.md). The engine core runs it on the CPU only (each round reads the widths back) and not where a
+caller keeps every candidate's rewards (traces).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from .step import (BatchPlan, StepOutput, _candidate_draws_match, _slot_rewards, candidate_noise, candidates,
+                   chosen_index, combine_slots, row_ok, sample, shifted_scores, slot_betas)
+
+#: Candidates per row in round one when nothing is known of the rewards yet (a batch's first step).
+ROUND_ONE = 4
+#: Round one's reach below the best key guessed from each row's last chosen ρ (in units of the keys: nats / T).
+GUESS_MARGIN = 1.0
+# Round one scores at least 2 candidates a row: a backend may take another path for a product of one row (one row
+# and one candidate), and onnxruntime's int8 one does (the shipped toxicity's ρ moved by up to 0.004), which would
+# move ρ away from the unpruned step's, where a row's k candidates share each product.
+
+
+@dataclass
+class PrunedOutput(StepOutput):
+    scored_ids: dict | None = None  # reward key -> [B, m]: the candidates its sessions scored last
+    scored: torch.Tensor | None = None  # [B, K] bool: the candidates whose rewards were computed
+    width: int = 0  # candidates each row handed the bounded rewards, over all rounds (K: as many as unpruned)
+    chosen_rho: dict | None = None  # reward key -> [B]: each row's ρ of its chosen token (the next step's guess)
+
+
+class Gate:
+    """Whether a batch's next step prunes. A pruned step that hands the rewards nearly K candidates a row (a batch
+    whose neediest row needs most of them, or an LM whose top logits are close) costs more than the unpruned one:
+    an extra forward per round. So pruning pauses for ``PAUSE`` steps once the running mean of the candidates its
+    steps scored, as a fraction of K, passes ``LIMIT``, then tries again. Only the cost changes: a pruned step and
+    an unpruned one choose the same tokens."""
+
+    LIMIT = 0.75
+    PAUSE = 16
+    KEEP = 0.7  # the running mean's weight on its past
+
+    def __init__(self):
+        self.mean, self.paused = 0.0, 0
+
+    def open(self) -> bool:
+        if self.paused:
+            self.paused -= 1
+            return False
+        return True
+
+    def record(self, width: int, K: int) -> None:
+        self.mean = self.KEEP * self.mean + (1 - self.KEEP) * width / K
+        if self.mean > self.LIMIT:
+            self.mean, self.paused = 0.0, self.PAUSE
+
+
+def prunable(plan: BatchPlan, bounds: dict) -> dict:
+    """The keys of ``bounds`` (``{reward key: (lo, hi)}``) that every slot of ``plan`` shapes with a monotone
+    transform (none, or one marked ``monotone``), with their bounds; a key some row shapes otherwise is scored in
+    full."""
+    keys = dict(bounds)
+    for slot in plan.slots:
+        for _, key, transform in slot.groups:
+            if transform is not None and not getattr(transform, "monotone", False):
+                keys.pop(key, None)
+    return keys
+
+
+def can_prune(plan: BatchPlan, device) -> bool:
+    """Whether the pruned step can run on this batch: a CPU batch of more than ``ROUND_ONE`` candidates whose draws
+    are made at the candidates (:func:`~steerkit.engine.step.candidate_noise`)."""
+    return (torch.device(device).type == "cpu" and plan.K > ROUND_ONE
+            and (plan.sampling.all_greedy or _candidate_draws_match()))
+
+
+def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Tensor, set], dict],
+                steps: Sequence[int], bounds: dict, live: torch.Tensor | None = None,
+                guess: dict | None = None) -> PrunedOutput:
+    """One RAD step scoring the rewards of ``bounds`` (:func:`prunable`'s) only where the choice may need them.
+
+    ``score(ids, keys)`` scores the rewards ``keys`` (a set of reward keys) on candidates ``ids`` [B, m] and
+    returns ``{key: [B, m]}``. ``live`` [B] bool: rows whose choice counts (a finished row of a shared batch is fed
+    padding whatever it draws, so it never widens round two). ``guess``: each row's ρ [B] of every bounded reward
+    at the last step (:attr:`PrunedOutput.chosen_rho`): a text's reward moves little from one token to the next, so
+    round one takes the candidates whose upper bound comes within ``GUESS_MARGIN`` of the best key that guess
+    gives, and round two is rarely needed. Returns the step's output with ``tokens`` chosen."""
+    z, ids = candidates(logits, plan.K)
+    B, K = z.shape
+    betas = [slot_betas(slot, steps, z.device) for slot in plan.slots]
+    keys = set(bounds)
+    others = {key for slot in plan.slots for _, key, _ in slot.groups} - keys
+    rho = score(ids, others) if others else {}  # the rewards without bounds, on every candidate
+    upper, lower = _bounds(z, plan, rho, betas, bounds)
+    in_k = torch.ones_like(z, dtype=torch.bool) if plan.k is None else (
+        torch.arange(K, device=z.device)[None, :] < plan.k[:, None])
+    inv_t, noise, q = _race(plan, ids, logits.shape[-1])
+    top = _keys(upper, inv_t, noise).masked_fill(~in_k, float("-inf"))
+    floor = _keys(lower, inv_t, noise).masked_fill(~in_k, float("-inf")).amax(-1, keepdim=True)
+    live = torch.ones(B, dtype=torch.bool) if live is None else live
+    if guess is not None and set(guess) == keys:
+        at_guess = {**rho, **{key: g.to(z.device, z.dtype)[:, None].expand(B, K) for key, g in guess.items()}}
+        guessed = _keys(combine_slots(z, plan, at_guess, betas)[0], inv_t, noise).masked_fill(~in_k, float("-inf"))
+        reach = guessed.amax(-1, keepdim=True) - GUESS_MARGIN
+    else:
+        reach = None
+    first = int(((top >= (floor if reach is None else reach)) & live[:, None]).sum(-1).max())
+    first = min(ROUND_ONE, first) if reach is None else first
+    last = top.argsort(dim=-1, descending=True, stable=True)[:, :max(2, first)]
+    values = {key: torch.zeros_like(z) for key in keys}
+    scored = torch.zeros_like(z, dtype=torch.bool)
+    width = 0
+    while True:
+        width += last.shape[1]
+        _enter(values, scored, last, score(ids.gather(1, last), keys))
+        combined = combine_slots(z, plan, {**rho, **values}, betas)[0]
+        best, at = _keys(combined, inv_t, noise).masked_fill(~scored | ~in_k, float("-inf")).max(-1)
+        need = ~scored & in_k & live[:, None] & (top >= best[:, None] - _margin(best)[:, None])
+        more, bad = torch.stack([need.sum(-1).max(), _outside(values, scored, bounds)]).tolist()
+        if bad:  # a reward returned ρ outside the bounds it declares: score every candidate, as an unpruned step
+            need = ~scored
+            more = int(need.sum(-1).max())
+        if not more:
+            break
+        rank = torch.where(need, torch.arange(K, 0, -1, device=z.device), 0)  # needed first, in candidate order
+        extra = rank.topk(more, dim=-1).indices
+        extra = torch.where(need.gather(1, extra), extra, at[:, None])  # a row with fewer: its best again
+        last = torch.cat([at[:, None], extra], dim=1)
+    combined, shaped, reward_sum = combine_slots(z, plan, {**rho, **values}, betas)
+    combined = combined.masked_fill(~scored, float("-inf"))
+    ok = row_ok(combined, reward_sum, None if plan.k is None else in_k)
+    masked = combined if plan.k is None else combined.masked_fill(~in_k, float("-inf"))
+    scores = shifted_scores(masked, ids, logits.shape[-1])
+    tokens = sample(scores, plan.temperatures, plan.generators, plan.sampling, ids, q)
+    scored_ids = {key: ids.gather(1, last) for key in keys}
+    pos = chosen_index(ids, tokens)[:, None]
+    chosen_rho = {key: values[key].gather(1, pos)[:, 0] for key in keys}
+    return PrunedOutput(tokens, ok, ids, z, combined, shaped, betas, scores, scored_ids, scored, width, chosen_rho)
+
+
+def _bounds(z: torch.Tensor, plan: BatchPlan, rho: dict, betas: list, bounds: dict):
+    """Each candidate's least and greatest ``z + Σ β·f(ρ)`` [B, K], the bounded rewards anywhere in their bounds,
+    summed slot by slot as :func:`~steerkit.engine.step.combine_slots` sums (so float rounding keeps the order)."""
+    at_lo = {**rho, **{key: torch.full_like(z, lo) for key, (lo, _) in bounds.items()}}
+    at_hi = {**rho, **{key: torch.full_like(z, hi) for key, (_, hi) in bounds.items()}}
+    upper, lower = z.clone(), z.clone()
+    for slot, beta in zip(plan.slots, betas):
+        a, b = _slot_rewards(slot, at_lo, z), _slot_rewards(slot, at_hi, z)
+        if isinstance(beta, float):
+            if not beta:
+                continue
+            a, b = beta * a, beta * b
+        else:
+            beta = beta.to(z.device, z.dtype)[:, None]
+            a, b = beta * a, beta * b
+        upper, lower = upper + torch.maximum(a, b), lower + torch.minimum(a, b)
+    return upper, lower
+
+
+def _race(plan: BatchPlan, ids: torch.Tensor, vocab_size: int):
+    """Per row ``1 / T`` [B, 1] (1 for a greedy row), ``-log q`` [B, K] (0 for a greedy row) and ``q`` itself (None
+    when every row is greedy): the race's terms, drawn now."""
+    sampling = plan.sampling
+    B = ids.shape[0]
+    if sampling.all_greedy:
+        return torch.ones(B, 1), torch.zeros(ids.shape), None
+    q = candidate_noise(ids, vocab_size, sampling.draws)
+    temperature = torch.tensor([t if t else 1.0 for t in plan.temperatures], dtype=torch.float32)[:, None]
+    noise = -q.log()
+    if sampling.greedy is not None:
+        noise = noise.masked_fill(sampling.greedy.cpu()[:, None], 0.0)
+    return 1.0 / temperature, noise, q
+
+
+def _keys(scores: torch.Tensor, inv_t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    return scores * inv_t + noise
+
+
+def _margin(best: torch.Tensor) -> torch.Tensor:
+    """A candidate within this of a row's best key is scored even if its bound says it loses: the choice's own
+    arithmetic (``softmax`` then ``p / q`` in float32) may order near-ties differently from the keys."""
+    return 1e-4 * (1.0 + best.abs().nan_to_num(posinf=0.0, neginf=0.0))
+
+
+def _enter(values: dict, scored: torch.Tensor, where: torch.Tensor, rho: dict) -> None:
+    for key, v in rho.items():
+        values[key].scatter_(1, where, v.to(values[key].device, values[key].dtype))
+    scored.scatter_(1, where, True)
+
+
+def _outside(values: dict, scored: torch.Tensor, bounds: dict) -> torch.Tensor:
+    """A 0-d tensor: 1 where some scored value of a bounded reward lies outside its bounds."""
+    out = torch.zeros((), dtype=torch.long)
+    for key, (lo, hi) in bounds.items():
+        v = values[key]
+        out = out + (((v < lo) | (v > hi)) & scored).any().long()
+    return out
