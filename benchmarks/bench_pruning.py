@@ -146,10 +146,13 @@ def main() -> None:
             if base is not None:
                 seconds, count, _ = base()
                 result["llama.cpp own loop Q4_1 plain greedy"] = {"ms_per_token": round(seconds * 1000 / count, 2)}
-            same = result["pruned"]["sequences"] == result["unpruned"]["sequences"]
+            pairs = list(zip(result["pruned"]["sequences"], result["unpruned"]["sequences"]))
             for v in (result["pruned"], result["unpruned"]):
                 v.pop("sequences")
-            result["same_tokens"] = same
+            result["same_tokens"] = all(a == b for a, b in pairs)
+            result["rows_differing"] = f"{sum(a != b for a, b in pairs)}/{len(pairs)}"
+            result["first_differing_steps"] = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+                                                    min(len(a), len(b))) for a, b in pairs if a != b]
             result["pruned_over_unpruned"] = round(result["pruned"]["ms_per_token"]
                                                    / result["unpruned"]["ms_per_token"], 3)
             rounds.append(result)

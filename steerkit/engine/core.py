@@ -75,6 +75,7 @@ class EngineCore:
         self.groups: dict[int, RewardGroup] = {}
         self._names = names or (lambda reward: getattr(reward, "name", "reward"))
         self._plan: BatchPlan | None = None
+        self._gate = Gate()  # kept while rows come and go: whether pruning pays depends on the batch, not the rows
         self.last_tokens: torch.Tensor | None = None  # the step's tokens as committed (padding for finished rows)
         self._stepped: list[Row] = []
 
@@ -191,7 +192,7 @@ class EngineCore:
             self._where = {row: b for b, row in enumerate(self.rows)}
             self._tracing = any(row.trace for row in self.rows)
             self._bounds = self._prunable(self._plan)
-            self._gate, self._guess = Gate(), None
+            self._guess = None  # each row's last chosen ρ, in this plan's row order
         return self._plan
 
     def _prunable(self, plan: BatchPlan) -> dict:

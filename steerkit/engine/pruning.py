@@ -4,8 +4,9 @@ A reward that declares ``candidate_bounds = (lo, hi)`` (every ρ it returns lies
 with the candidates it is given: a sequence reward model, :func:`~steerkit.rewards.base.candidate_bounds`) bounds
 each candidate's score before it is scored: ``z_i + Σ β·f(ρ)`` lies between ``z_i + Σ min(β·f(lo), β·f(hi))`` and
 ``z_i + Σ max(...)`` (``f`` a term's transform: none, invert or clamp, all monotone). The step's choice is an
-argmax: greedy, of the scores; sampled, of ``scores / T - log q`` with ``q ~ Exp(1)`` drawn per candidate, the race
-:func:`~steerkit.engine.step.sample` runs (``argmax p / q``), drawn here *before* scoring. So a candidate whose
+argmax: greedy, of the scores; sampled, of ``scores - T·log q`` with ``q ~ Exp(1)`` drawn per candidate (the order
+of ``scores / T - log q``: the race :func:`~steerkit.engine.step.sample` runs, ``argmax p / q``), drawn here *before*
+scoring. So a candidate whose
 upper bound (with its draw) is below a scored candidate's key cannot be chosen and need not be scored:
 
 1. every other reward is scored on all K candidates (its values enter the bounds exactly);
@@ -38,7 +39,7 @@ from .step import (BatchPlan, StepOutput, _candidate_draws_match, _slot_rewards,
 
 #: Candidates per row in round one when nothing is known of the rewards yet (a batch's first step).
 ROUND_ONE = 4
-#: Round one's reach below the best key guessed from each row's last chosen ρ (in units of the keys: nats / T).
+#: Round one's reach below the best key guessed from each row's last chosen ρ (in nats of the scores).
 GUESS_MARGIN = 1.0
 # Round one scores at least 2 candidates a row: a backend may take another path for a product of one row (one row
 # and one candidate), and onnxruntime's int8 one does (the shipped toxicity's ρ moved by up to 0.004), which would
@@ -118,13 +119,13 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Te
     upper, lower = _bounds(z, plan, rho, betas, bounds)
     in_k = torch.ones_like(z, dtype=torch.bool) if plan.k is None else (
         torch.arange(K, device=z.device)[None, :] < plan.k[:, None])
-    inv_t, noise, q = _race(plan, ids, logits.shape[-1])
-    top = _keys(upper, inv_t, noise).masked_fill(~in_k, float("-inf"))
-    floor = _keys(lower, inv_t, noise).masked_fill(~in_k, float("-inf")).amax(-1, keepdim=True)
+    noise, q = _race(plan, ids, logits.shape[-1])
+    top = (upper + noise).masked_fill(~in_k, float("-inf"))
+    floor = (lower + noise).masked_fill(~in_k, float("-inf")).amax(-1, keepdim=True)
     live = torch.ones(B, dtype=torch.bool) if live is None else live
     if guess is not None and set(guess) == keys:
         at_guess = {**rho, **{key: g.to(z.device, z.dtype)[:, None].expand(B, K) for key, g in guess.items()}}
-        guessed = _keys(combine_slots(z, plan, at_guess, betas)[0], inv_t, noise).masked_fill(~in_k, float("-inf"))
+        guessed = (combine_slots(z, plan, at_guess, betas)[0] + noise).masked_fill(~in_k, float("-inf"))
         reach = guessed.amax(-1, keepdim=True) - GUESS_MARGIN
     else:
         reach = None
@@ -138,7 +139,7 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Te
         width += last.shape[1]
         _enter(values, scored, last, score(ids.gather(1, last), keys))
         combined = combine_slots(z, plan, {**rho, **values}, betas)[0]
-        best, at = _keys(combined, inv_t, noise).masked_fill(~scored | ~in_k, float("-inf")).max(-1)
+        best, at = (combined + noise).masked_fill(~scored | ~in_k, float("-inf")).max(-1)
         need = ~scored & in_k & live[:, None] & (top >= best[:, None] - _margin(best)[:, None])
         more, bad = torch.stack([need.sum(-1).max(), _outside(values, scored, bounds)]).tolist()
         if bad:  # a reward returned ρ outside the bounds it declares: score every candidate, as an unpruned step
@@ -182,22 +183,18 @@ def _bounds(z: torch.Tensor, plan: BatchPlan, rho: dict, betas: list, bounds: di
 
 
 def _race(plan: BatchPlan, ids: torch.Tensor, vocab_size: int):
-    """Per row ``1 / T`` [B, 1] (1 for a greedy row), ``-log q`` [B, K] (0 for a greedy row) and ``q`` itself (None
-    when every row is greedy): the race's terms, drawn now."""
+    """The race's noise, drawn now: ``-T·log q`` [B, K] (0 for a greedy row) and ``q`` itself (None when every row is
+    greedy). A row's key ``scores + (-T·log q)`` orders its candidates as ``scores / T - log q`` does (T > 0), and
+    stays finite for a tiny T (a temperature of 1e-45 makes ``1 / T`` infinite)."""
     sampling = plan.sampling
-    B = ids.shape[0]
     if sampling.all_greedy:
-        return torch.ones(B, 1), torch.zeros(ids.shape), None
+        return torch.zeros(ids.shape), None
     q = candidate_noise(ids, vocab_size, sampling.draws)
-    temperature = torch.tensor([t if t else 1.0 for t in plan.temperatures], dtype=torch.float32)[:, None]
+    temperature = torch.tensor([float(t) for t in plan.temperatures], dtype=torch.float32)[:, None]
     noise = -q.log()
     if sampling.greedy is not None:
         noise = noise.masked_fill(sampling.greedy.cpu()[:, None], 0.0)
-    return 1.0 / temperature, noise, q
-
-
-def _keys(scores: torch.Tensor, inv_t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    return scores * inv_t + noise
+    return temperature * noise, q
 
 
 def _margin(best: torch.Tensor) -> torch.Tensor:

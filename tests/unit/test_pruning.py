@@ -103,6 +103,19 @@ def test_one_row_scores_few_candidates_where_the_bounds_rule_them_out(monkeypatc
     assert reward.scored <= 0.5 * every, (reward.scored, every)
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 0.3, 2.5])
+def test_temperatures(monkeypatch, parts, peaked, temperature):
+    """A tiny temperature (1 / T overflows float32) samples as greedy does, pruned too; others as unpruned."""
+    tokenizer, _, rm = parts
+    terms = [SteeringTerm(Counted(RewardModelScorer(rm)), -3.0)]
+    kw = dict(prompts=["The movie was", "You are"], k=16, temperature=temperature, eos_token_id=[])
+    pruned = decode(monkeypatch, True, peaked, tokenizer, terms, **kw)
+    assert torch.equal(pruned, decode(monkeypatch, False, peaked, tokenizer, terms, **kw))
+    if temperature < 1e-30:
+        assert torch.equal(pruned, decode(monkeypatch, True, peaked, tokenizer, terms, prompts=kw["prompts"], k=16,
+                                          do_sample=False, eos_token_id=[]))
+
+
 def test_a_reward_outside_its_declared_bounds_is_scored_in_full(monkeypatch, parts, peaked):
     """A reward that says ρ ∈ [0, 1] and returns up to 3: the pruned step notices, scores every candidate, and
     chooses what the unpruned step chooses."""
