@@ -190,7 +190,8 @@ def reweight(logits: torch.Tensor, k: int, terms: list[SteeringTerm], sessions: 
 class _Shape:
     """A named reward transform; rows whose terms share a ``key`` are shaped together in a batch."""
 
-    #: f(a) <= f(b) or f(a) >= f(b) for every a <= b: a bound on ρ bounds f(ρ) (:mod:`steerkit.engine.pruning`)
+    #: Never changes direction (none, invert and clamp rise or fall throughout), so ρ in [lo, hi] puts f(ρ) between
+    #: f(lo) and f(hi) (:mod:`steerkit.engine.pruning`)
     monotone = True
 
     def __init__(self, key: tuple, fn: Transform):

@@ -20,11 +20,11 @@ from typing import Sequence
 
 import torch
 
+from ..rewards.base import candidate_bounds
 from .lm_cache import lm_batch
+from .pruning import Gate, can_prune, prunable, pruned_step
 from .reward_groups import RewardGroup, join_groups, prepare_lm_state
 from .rows import Row, distinct_prompts
-from ..rewards.base import candidate_bounds
-from .pruning import Gate, can_prune, prunable, pruned_step
 from .step import BatchPlan, StepOutput, chosen_index, make_plan, rad_step, raise_non_finite
 
 

@@ -20,6 +20,7 @@ model over B rows, in the reward model's own token space.
 
 from __future__ import annotations
 
+import math
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -90,7 +91,7 @@ def candidate_bounds(reward) -> tuple[float, float] | None:
     if bounds is None:
         return None
     lo, hi = (float(v) for v in bounds)
-    return (lo, hi) if lo <= hi else None
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) and lo <= hi else None  # else: no bound to use
 
 
 class ScoringCache(Protocol):

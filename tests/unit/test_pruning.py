@@ -142,6 +142,16 @@ def test_two_rewards_one_bounded_and_transforms(monkeypatch, parts, peaked):
                            decode(monkeypatch, True, peaked, tokenizer, terms, **kw))
 
 
+def test_declared_bounds_are_read_only_when_usable():
+    def declaring(bounds):
+        return type("R", (), {"candidate_bounds": bounds})()
+
+    assert candidate_bounds(declaring((0, 1))) == (0.0, 1.0)
+    for bad in (None, (1.0, 0.0), (0.0, float("inf")), (float("nan"), 1.0)):
+        assert candidate_bounds(declaring(bad)) is None
+    assert candidate_bounds(object()) is None
+
+
 def test_a_custom_transform_is_not_pruned(parts):
     tokenizer, _, rm = parts
     reward = RewardModelScorer(rm)
