@@ -17,7 +17,8 @@ import dataclasses
 import functools
 import inspect
 
-__all__ = ["cache_kwargs", "cache_argument", "output_cache", "static_cache", "set_static_write_column", "takes_cache"]
+__all__ = ["cache_kwargs", "cache_argument", "output_cache", "static_cache", "set_static_write_column", "take_cache_rows",
+           "takes_cache"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -101,6 +102,14 @@ def static_cache(model, slots: int, width: int, heads: int, head_dim: int, dtype
                 if hasattr(tensor, "_dynamo_static_input_type"):
                     del tensor._dynamo_static_input_type
     return cache
+
+
+def take_cache_rows(cache, index, start: int = 0) -> None:
+    """Make every layer of a ``DynamicCache`` hold rows ``index`` (a repeated row is a copy), from column ``start`` on:
+    the one place that reaches into its layers' ``keys`` and ``values`` to select rows."""
+    for layer in cache.layers:
+        layer.keys = layer.keys.index_select(0, index)[:, :, start:]
+        layer.values = layer.values.index_select(0, index)[:, :, start:]
 
 
 def set_static_write_column(cache, column: int) -> None:

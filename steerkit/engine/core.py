@@ -193,6 +193,7 @@ class EngineCore:
             self._tracing = any(row.trace for row in self.rows)
             self._bounds = self._prunable(self._plan)
             self._guess = None  # each row's last chosen ρ, in this plan's row order
+            self._live = None  # [B] bool once a row of a shared batch has finished (it stays, fed padding)
         return self._plan
 
     def _prunable(self, plan: BatchPlan) -> dict:
@@ -223,8 +224,7 @@ class EngineCore:
 
         steps = [row.steps for row in rows]
         if self._bounds and not keep_output and self._gate.open():
-            live = torch.tensor([not row.finished for row in rows]) if any(row.finished for row in rows) else None
-            out = pruned_step(self.batch.logits, plan, score, steps, self._bounds, live, self._guess)
+            out = pruned_step(self.batch.logits, plan, score, steps, self._bounds, self._live, self._guess)
             self._gate.record(out.width, plan.K)
             self._guess = out.chosen_rho
         else:
@@ -274,6 +274,9 @@ class EngineCore:
                                                                                final=last)
             finish = "stop" if eos or stopped else ("length" if last else None)
             row.finished = finish is not None
+            if row.finished and self._bounds:  # a shared batch keeps it: its draws no longer count when pruning
+                self._live = (torch.ones(len(self.rows), dtype=torch.bool) if self._live is None else self._live)
+                self._live[b] = False
             rewards = None
             if traced is not None and row.trace:
                 rewards = {t.name: traced[j][b] for j, t in enumerate(row.terms)}

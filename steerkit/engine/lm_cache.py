@@ -16,7 +16,7 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import InvalidArgumentError
-from ..hf_compat import cache_kwargs
+from ..hf_compat import cache_kwargs, take_cache_rows
 from .rows import distinct_prompts
 
 
@@ -92,13 +92,6 @@ class PrefillJob:
             return None
         _check_full_attention(self.model, self.cache)
         return Prefilled(self.cache, len(self.ids), out.logits[:, -1, :].float(), hidden)
-
-
-def _take_rows(cache: DynamicCache, index: torch.Tensor, start: int = 0) -> None:
-    """Make every layer of ``cache`` hold rows ``index`` (a repeated row is a copy), from column ``start`` on."""
-    for layer in cache.layers:
-        layer.keys = layer.keys.index_select(0, index)[:, :, start:]
-        layer.values = layer.values.index_select(0, index)[:, :, start:]
 
 
 def _check_full_attention(model, cache: DynamicCache) -> None:
@@ -213,7 +206,7 @@ class LMBatch:
         cache, positions, logits, hidden = self._padded_forward(enc["input_ids"].to(self.device), mask)
         if len(runs) < len(rows_ids):  # every prompt is among the runs, so the padded width is the same
             index = torch.tensor(pick, device=self.device)
-            _take_rows(cache, index)
+            take_cache_rows(cache, index)
             mask, positions, logits = mask[index], positions[index], logits[index]
             hidden = None if hidden is None else hidden[index]
         self.cache, self.logits, self.hidden = cache, logits, hidden
@@ -256,7 +249,7 @@ class LMBatch:
         index = index.to(self.device)
         mask = self.mask.index_select(0, index)
         start = first_used_column(mask)
-        _take_rows(self.cache, index, start)
+        take_cache_rows(self.cache, index, start)
         self.mask = mask[:, start:]
         self.pos = self.pos.index_select(0, index)
         self.logits = self.logits.index_select(0, index)

@@ -35,7 +35,7 @@ from typing import Callable, Sequence
 import torch
 
 from .step import (BatchPlan, StepOutput, _candidate_draws_match, _slot_rewards, candidate_noise, candidates,
-                   chosen_index, combine_slots, row_ok, sample, shifted_scores, slot_betas)
+                   chosen_index, combine_slots, k_mask, sample, slot_betas, step_output)
 
 #: Candidates per row in round one when nothing is known of the rewards yet (a batch's first step).
 ROUND_ONE = 4
@@ -49,7 +49,6 @@ GUESS_MARGIN = 1.0
 @dataclass
 class PrunedOutput(StepOutput):
     scored_ids: dict | None = None  # reward key -> [B, m]: the candidates its sessions scored last
-    scored: torch.Tensor | None = None  # [B, K] bool: the candidates whose rewards were computed
     width: int = 0  # candidates each row handed the bounded rewards, over all rounds (K: as many as unpruned)
     chosen_rho: dict | None = None  # reward key -> [B]: each row's ρ of its chosen token (the next step's guess)
 
@@ -117,8 +116,8 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Te
     others = {key for slot in plan.slots for _, key, _ in slot.groups} - keys
     rho = score(ids, others) if others else {}  # the rewards without bounds, on every candidate
     upper, lower = _bounds(z, plan, rho, betas, bounds)
-    in_k = torch.ones_like(z, dtype=torch.bool) if plan.k is None else (
-        torch.arange(K, device=z.device)[None, :] < plan.k[:, None])
+    in_k = k_mask(plan, z.device)
+    in_k = torch.ones_like(z, dtype=torch.bool) if in_k is None else in_k
     noise, q = _race(plan, ids, logits.shape[-1])
     top = (upper + noise).masked_fill(~in_k, float("-inf"))
     floor = (lower + noise).masked_fill(~in_k, float("-inf")).amax(-1, keepdim=True)
@@ -138,7 +137,7 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Te
     while True:
         width += last.shape[1]
         _enter(values, scored, last, score(ids.gather(1, last), keys))
-        combined = combine_slots(z, plan, {**rho, **values}, betas)[0]
+        combined, shaped, reward_sum = combine_slots(z, plan, {**rho, **values}, betas)
         best, at = (combined + noise).masked_fill(~scored | ~in_k, float("-inf")).max(-1)
         need = ~scored & in_k & live[:, None] & (top >= best[:, None] - _margin(best)[:, None])
         more, bad = torch.stack([need.sum(-1).max(), _outside(values, scored, bounds)]).tolist()
@@ -151,16 +150,12 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Te
         extra = rank.topk(more, dim=-1).indices
         extra = torch.where(need.gather(1, extra), extra, at[:, None])  # a row with fewer: its best again
         last = torch.cat([at[:, None], extra], dim=1)
-    combined, shaped, reward_sum = combine_slots(z, plan, {**rho, **values}, betas)
-    combined = combined.masked_fill(~scored, float("-inf"))
-    ok = row_ok(combined, reward_sum, None if plan.k is None else in_k)
-    masked = combined if plan.k is None else combined.masked_fill(~in_k, float("-inf"))
-    scores = shifted_scores(masked, ids, logits.shape[-1])
-    tokens = sample(scores, plan.temperatures, plan.generators, plan.sampling, ids, q)
-    scored_ids = {key: ids.gather(1, last) for key in keys}
-    pos = chosen_index(ids, tokens)[:, None]
-    chosen_rho = {key: values[key].gather(1, pos)[:, 0] for key in keys}
-    return PrunedOutput(tokens, ok, ids, z, combined, shaped, betas, scores, scored_ids, scored, width, chosen_rho)
+    out = step_output(z, ids, plan, combined.masked_fill(~scored, float("-inf")), shaped, reward_sum, betas,
+                      logits.shape[-1])
+    out.tokens = sample(out.scores, plan.temperatures, plan.generators, plan.sampling, ids, q)
+    pos = chosen_index(ids, out.tokens)[:, None]
+    return PrunedOutput(**vars(out), scored_ids={key: ids.gather(1, last) for key in keys}, width=width,
+                        chosen_rho={key: values[key].gather(1, pos)[:, 0] for key in keys})
 
 
 def _bounds(z: torch.Tensor, plan: BatchPlan, rho: dict, betas: list, bounds: dict):
@@ -190,11 +185,10 @@ def _race(plan: BatchPlan, ids: torch.Tensor, vocab_size: int):
     if sampling.all_greedy:
         return torch.zeros(ids.shape), None
     q = candidate_noise(ids, vocab_size, sampling.draws)
-    temperature = torch.tensor([float(t) for t in plan.temperatures], dtype=torch.float32)[:, None]
     noise = -q.log()
     if sampling.greedy is not None:
         noise = noise.masked_fill(sampling.greedy.cpu()[:, None], 0.0)
-    return temperature * noise, q
+    return plan.temperature_column * noise, q
 
 
 def _margin(best: torch.Tensor) -> torch.Tensor:

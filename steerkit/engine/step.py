@@ -61,6 +61,11 @@ class BatchPlan:
     def size(self) -> int:
         return len(self.temperatures)
 
+    @functools.cached_property
+    def temperature_column(self) -> torch.Tensor:
+        """The rows' temperatures as a float32 [B, 1] on the CPU (0 for a greedy row), made once per plan."""
+        return torch.tensor([float(t) for t in self.temperatures], dtype=torch.float32)[:, None]
+
 
 def make_plan(rows: Sequence, device, shared_rng: bool) -> BatchPlan:
     """The plan of ``rows`` (objects with ``k``, ``temperature``, ``generator`` and ``terms``)."""
@@ -322,14 +327,24 @@ def score_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Ten
     z, ids = candidates(logits, plan.K)
     rho = score(ids)
     betas = [slot_betas(slot, steps, z.device) for slot in plan.slots]
-    combined, shaped, reward_sum = combine_slots(z, plan, rho, betas)
-    in_k = None
-    if plan.k is not None:
-        in_k = torch.arange(plan.K, device=z.device)[None, :] < plan.k[:, None]
+    return step_output(z, ids, plan, *combine_slots(z, plan, rho, betas), betas, logits.shape[-1])
+
+
+def k_mask(plan: BatchPlan, device) -> torch.Tensor | None:
+    """[B, K] bool: each row's own top-``k`` among the batch's K candidates; None when every row's k is K."""
+    if plan.k is None:
+        return None
+    return torch.arange(plan.K, device=device)[None, :] < plan.k[:, None]
+
+
+def step_output(z: torch.Tensor, ids: torch.Tensor, plan: BatchPlan, combined: torch.Tensor, shaped: list,
+                reward_sum: torch.Tensor | None, betas: list, vocab_size: int) -> StepOutput:
+    """A step's output before the choice, from its combined scores [B, K]: the per-row ``ok``, each row masked to its
+    own k, and the shifted scores [B, V]."""
+    in_k = k_mask(plan, z.device)
     ok = row_ok(combined, reward_sum, in_k)
     masked = combined if in_k is None else combined.masked_fill(~in_k, float("-inf"))
-    scores = shifted_scores(masked, ids, logits.shape[-1])
-    return StepOutput(None, ok, ids, z, combined, shaped, betas, scores)
+    return StepOutput(None, ok, ids, z, combined, shaped, betas, shifted_scores(masked, ids, vocab_size))
 
 
 def rad_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Tensor], dict],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from ...hf_compat import take_cache_rows
 from ..attention import additive
 from ..cache import SharedPrefixCache, left_pad_kv, pick_columns
 from ..model import RewardModel
@@ -55,9 +56,7 @@ class TorchScoringCache(SharedPrefixCache):
         self.cache.crop(-(self.length - keep))
 
     def _take_rows(self, index: torch.Tensor, start: int) -> None:
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, start:]
-            layer.values = layer.values.index_select(0, index)[:, :, start:]
+        take_cache_rows(self.cache, index, start)
 
     def _join_rows(self, other: "TorchScoringCache", pad_self: int, pad_other: int) -> None:
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
