@@ -13,6 +13,7 @@ True
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -110,6 +111,15 @@ def take_cache_rows(cache, index, start: int = 0) -> None:
     for layer in cache.layers:
         layer.keys = layer.keys.index_select(0, index)[:, :, start:]
         layer.values = layer.values.index_select(0, index)[:, :, start:]
+
+
+def cache_of_rows(cache, index):
+    """A new ``DynamicCache`` holding rows ``index`` of ``cache`` (a repeated row is a copy); ``cache`` itself is left
+    as it is, and a forward that extends the new one does not extend it."""
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]
+    take_cache_rows(out, index)
+    return out
 
 
 def set_static_write_column(cache, column: int) -> None:

@@ -211,20 +211,21 @@ class EngineCore:
         failed: dict = {}
         seconds: dict[str, float] = {}
 
-        def score(ids: torch.Tensor, keys: set | None = None) -> dict:
+        def score(ids: torch.Tensor, keys: set | None = None, active: torch.Tensor | None = None) -> dict:
             rho = {}
             for key, group in self.groups.items():
                 if group.parts and (keys is None or key in keys):
                     start = time.perf_counter()
                     state = self.batch.hidden if group.reads_state else None
-                    rho[key], errors = group.score(ids, where, state)
+                    rho[key], errors = group.score(ids, where, state, active)
                     seconds[group.name] = seconds.get(group.name, 0.0) + time.perf_counter() - start
                     failed.update(errors)
             return rho
 
         steps = [row.steps for row in rows]
         if self._bounds and not keep_output and self._gate.open():
-            out = pruned_step(self.batch.logits, plan, score, steps, self._bounds, self._live, self._guess)
+            ragged = all(self.groups[key].ragged for key in self._bounds)
+            out = pruned_step(self.batch.logits, plan, score, steps, self._bounds, self._live, self._guess, ragged)
             self._gate.record(out.width, plan.K)
             self._guess = out.chosen_rho
         else:

@@ -21,9 +21,11 @@ greedy rows. A sampled row draws from the same distribution with the same ``q``;
 candidates tie to float32 rounding (the shift and the softmax's sum see fewer candidates). Each reward's sessions are
 told the choice by its index among the candidates they scored last (:attr:`PrunedOutput.scored_ids`).
 
-This pays at small batches on the CPU (batch 1: about half the reward forwards of the shipped ``toxicity`` at
-k = 20, β = -20); a batch's round two is as wide as its neediest row, so at 16 rows little is saved
-(docs/performance.md). The engine core runs it on the CPU only (each round reads the widths back) and not where a
+This pays on the CPU: at batch 1 about half the reward forwards of the shipped ``toxicity`` at k = 20, β = -20. In a
+batch, rows need different numbers of candidates; where the bounded rewards' sessions are ``ragged`` (the torch and
+onnxruntime caches: :meth:`~steerkit.rewards.cache.SharedPrefixCache.score_blocks` with ``active``), each row is
+scored on its own, in groups of rows of like need; otherwise every row is as wide as the neediest, and at 16 rows
+little is saved (docs/performance.md). The engine core runs it on the CPU only (each round reads the widths back) and not where a
 caller keeps every candidate's rewards (traces).
 """
 
@@ -49,7 +51,8 @@ GUESS_MARGIN = 1.0
 @dataclass
 class PrunedOutput(StepOutput):
     scored_ids: dict | None = None  # reward key -> [B, m]: the candidates its sessions scored last
-    width: int = 0  # candidates each row handed the bounded rewards, over all rounds (K: as many as unpruned)
+    width: float = 0  # candidates a row handed the bounded rewards, over all rounds (K: as many as unpruned; ragged:
+    # each row's own, averaged over the rows)
     chosen_rho: dict | None = None  # reward key -> [B]: each row's ρ of its chosen token (the next step's guess)
 
 
@@ -98,9 +101,9 @@ def can_prune(plan: BatchPlan, device) -> bool:
             and (plan.sampling.all_greedy or _candidate_draws_match()))
 
 
-def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Tensor, set], dict],
+def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[..., dict],
                 steps: Sequence[int], bounds: dict, live: torch.Tensor | None = None,
-                guess: dict | None = None) -> PrunedOutput:
+                guess: dict | None = None, ragged: bool = False) -> PrunedOutput:
     """One RAD step scoring the rewards of ``bounds`` (:func:`prunable`'s) only where the choice may need them.
 
     ``score(ids, keys)`` scores the rewards ``keys`` (a set of reward keys) on candidates ``ids`` [B, m] and
@@ -108,7 +111,9 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Te
     padding whatever it draws, so it never widens round two). ``guess``: each row's ρ [B] of every bounded reward
     at the last step (:attr:`PrunedOutput.chosen_rho`): a text's reward moves little from one token to the next, so
     round one takes the candidates whose upper bound comes within ``GUESS_MARGIN`` of the best key that guess
-    gives, and round two is rarely needed. Returns the step's output with ``tokens`` chosen."""
+    gives, and round two is rarely needed. ``ragged``: the bounded rewards' sessions score each row only on the
+    candidates marked active (``score(ids, keys, active)``, active [B, m]), so a round hands each row its own
+    candidates, not as many as the neediest row's. Returns the step's output with ``tokens`` chosen."""
     z, ids = candidates(logits, plan.K)
     B, K = z.shape
     betas = [slot_betas(slot, steps, z.device) for slot in plan.slots]
@@ -128,15 +133,21 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Te
         reach = guessed.amax(-1, keepdim=True) - GUESS_MARGIN
     else:
         reach = None
-    first = int(((top >= (floor if reach is None else reach)) & live[:, None]).sum(-1).max())
-    first = min(ROUND_ONE, first) if reach is None else first
-    last = top.argsort(dim=-1, descending=True, stable=True)[:, :max(2, first)]
+    wanted = ((top >= (floor if reach is None else reach)) & live[:, None]).sum(-1)
+    first = int(wanted.max())
+    first = max(2, min(ROUND_ONE, first) if reach is None else first)
+    last = top.argsort(dim=-1, descending=True, stable=True)[:, :first]
+    active = torch.arange(first)[None, :] < wanted.clamp(2, first)[:, None] if ragged else None
     values = {key: torch.zeros_like(z) for key in keys}
     scored = torch.zeros_like(z, dtype=torch.bool)
-    width = 0
+    width = 0.0
     while True:
-        width += last.shape[1]
-        _enter(values, scored, last, score(ids.gather(1, last), keys))
+        if ragged:
+            width += float(active.sum()) / B
+            _enter(values, scored, last, score(ids.gather(1, last), keys, active), active)
+        else:
+            width += last.shape[1]
+            _enter(values, scored, last, score(ids.gather(1, last), keys))
         combined, shaped, reward_sum = combine_slots(z, plan, {**rho, **values}, betas)
         best, at = (combined + noise).masked_fill(~scored | ~in_k, float("-inf")).max(-1)
         need = ~scored & in_k & live[:, None] & (top >= best[:, None] - _margin(best)[:, None])
@@ -148,8 +159,10 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[[torch.Te
             break
         rank = torch.where(need, torch.arange(K, 0, -1, device=z.device), 0)  # needed first, in candidate order
         extra = rank.topk(more, dim=-1).indices
-        extra = torch.where(need.gather(1, extra), extra, at[:, None])  # a row with fewer: its best again
-        last = torch.cat([at[:, None], extra], dim=1)
+        needed = need.gather(1, extra)
+        extra = torch.where(needed, extra, at[:, None])  # a row with fewer: its best again
+        last = torch.cat([at[:, None], extra], dim=1)  # each row's best first: its sessions must hold the winner
+        active = torch.cat([torch.ones_like(needed[:, :1]), needed], dim=1) if ragged else None
     out = step_output(z, ids, plan, combined.masked_fill(~scored, float("-inf")), shaped, reward_sum, betas,
                       logits.shape[-1])
     out.tokens = sample(out.scores, plan.temperatures, plan.generators, plan.sampling, ids, q)
@@ -197,7 +210,16 @@ def _margin(best: torch.Tensor) -> torch.Tensor:
     return 1e-4 * (1.0 + best.abs().nan_to_num(posinf=0.0, neginf=0.0))
 
 
-def _enter(values: dict, scored: torch.Tensor, where: torch.Tensor, rho: dict) -> None:
+def _enter(values: dict, scored: torch.Tensor, where: torch.Tensor, rho: dict,
+           active: torch.Tensor | None = None) -> None:
+    """Record the rewards ``rho`` ({key: [B, m]}) of candidates ``where`` [B, m] as scored; with ``active``, only
+    those it marks (a ragged round: the others were not scored, or repeat a row's best)."""
+    if active is not None:
+        at = (torch.arange(where.shape[0])[:, None].expand_as(where)[active], where[active])
+        for key, v in rho.items():
+            values[key][at] = v[active].to(values[key].device, values[key].dtype)
+        scored[at] = True
+        return
     for key, v in rho.items():
         values[key].scatter_(1, where, v.to(values[key].device, values[key].dtype))
     scored.scatter_(1, where, True)

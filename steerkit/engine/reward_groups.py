@@ -167,20 +167,27 @@ class RewardGroup:
         return failed
 
     # -- a step ------------------------------------------------------------------------------------------
-    def score(self, candidates: torch.Tensor, where: dict,
-              lm_state: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
+    @property
+    def ragged(self) -> bool:
+        """Whether every part's session scores each row only on the candidates ``active`` marks (``ragged``)."""
+        return all(getattr(part.session, "ragged", False) for part in self.parts)
+
+    def score(self, candidates: torch.Tensor, where: dict, lm_state: torch.Tensor | None = None,
+              active: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         """Rewards [B, K] of ``candidates`` [B, K] (rows at batch index ``where[row]``; rows outside the group
         get 0), and failures. ``lm_state`` [B, d]: the LM's final hidden state of every row (for a reward that
-        reads it)."""
+        reads it). ``active`` [B, K]: the candidates the caller reads, handed to a ``ragged`` session (the others
+        may score anything)."""
         failed: dict = {}
         if self.strict:  # one part, every row of the batch in order
-            return self._score(self.parts[0], candidates, lm_state), failed
+            return self._score(self.parts[0], candidates, lm_state, active), failed
         values = torch.zeros(candidates.shape, dtype=torch.float32, device=candidates.device)
         for part in list(self.parts):
             index = part.index(where, candidates.device)
             try:
                 rho = self._score(part, candidates.index_select(0, index),
-                                  None if lm_state is None else lm_state.index_select(0, index))
+                                  None if lm_state is None else lm_state.index_select(0, index),
+                                  None if active is None else active.index_select(0, index))
             except Exception as exc:  # noqa: BLE001
                 self.parts.remove(part)
                 if len(part.rows) == 1:
@@ -199,8 +206,14 @@ class RewardGroup:
             values.index_copy_(0, index, rho.to(values.device, values.dtype))
         return values, failed
 
-    def _score(self, part: Part, candidates: torch.Tensor, lm_state: torch.Tensor | None = None) -> torch.Tensor:
-        rho = part.session.score(candidates, lm_state) if self.reads_state else part.session.score(candidates)
+    def _score(self, part: Part, candidates: torch.Tensor, lm_state: torch.Tensor | None = None,
+               active: torch.Tensor | None = None) -> torch.Tensor:
+        if self.reads_state:
+            rho = part.session.score(candidates, lm_state)
+        elif active is not None and getattr(part.session, "ragged", False):
+            rho = part.session.score(candidates, active=active)
+        else:
+            rho = part.session.score(candidates)
         if not isinstance(rho, torch.Tensor) or tuple(rho.shape) != tuple(candidates.shape):
             raise TypeError(f"a reward session's score() returned {type(rho).__name__} of shape "
                             f"{tuple(getattr(rho, 'shape', ()))}; expected a tensor of shape {tuple(candidates.shape)}")

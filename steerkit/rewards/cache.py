@@ -11,7 +11,11 @@ keeps and which a rollback drops. A backend subclasses it and supplies only what
 * :meth:`~SharedPrefixCache._keep_block` keeps one block's KV per row after the cached columns;
 * :meth:`~SharedPrefixCache._truncate` crops the cached KV to its first columns;
 * :meth:`~SharedPrefixCache._take_rows` and :meth:`~SharedPrefixCache._join_rows` select / merge rows (for
-  rows leaving and joining a running batch); a backend without them still works everywhere except there.
+  rows leaving and joining a running batch); a backend without them still works everywhere except there;
+* :meth:`~SharedPrefixCache._forward_rows` and :meth:`~SharedPrefixCache._keep_columns` run new tokens over some
+  rows' KV without changing the cache, and append one block's columns to every row: with them, a call that marks
+  the blocks it needs (``active``) scores each row only on its own blocks (:meth:`~SharedPrefixCache.score_blocks`);
+  without them every block is scored, as before.
 
 Shapes: B rows, k candidate blocks of m tokens each, T cached columns (``length``).
 """
@@ -41,6 +45,47 @@ _RESCORE = object()
 
 #: Blocks (candidates) scored in one forward at most (``SharedPrefixCache.max_blocks``).
 MAX_BLOCKS_PER_FORWARD = 64
+#: A forward's own cost, in blocks of one row: what grouping the rows by the blocks they need must save to run one
+#: more forward (:func:`row_groups`). Measured on the shipped ``toxicity`` in onnxruntime int8, 16 rows: a forward
+#: cost about 1.8 ms beyond its blocks, a block of one row about 0.3 ms (docs/performance.md).
+FORWARD_COST = 6
+#: Forwards a ragged :meth:`SharedPrefixCache.score_blocks` call runs at most.
+MAX_GROUPS = 4
+
+
+def row_groups(counts: list[int], max_groups: int = MAX_GROUPS, forward_cost: float = FORWARD_COST) -> list[list[int]]:
+    """Rows grouped for ragged scoring: row ``b`` needs ``counts[b]`` blocks, and each group is one forward as wide as
+    its neediest row. The rows, in order of need, are cut into at most ``max_groups`` runs so that the blocks scored
+    (padding included) plus ``forward_cost`` per forward are least. Returns the groups' row numbers, least need first.
+
+    >>> row_groups([2, 3, 2, 17, 3, 2])
+    [[0, 2, 5, 1, 4], [3]]
+    """
+    order = sorted(range(len(counts)), key=lambda b: counts[b])
+    need = [counts[b] for b in order]
+    n = len(need)
+    # best[g][j]: the least cost of the first j rows (in order of need) in g forwards, and where its last one starts
+    best = [[(0.0, 0)] + [(float("inf"), 0)] * n]
+    for g in range(1, max_groups + 1):
+        row = [(float("inf"), 0)] * (n + 1)
+        for j in range(1, n + 1):
+            row[j] = min((best[g - 1][i][0] + (j - i) * need[j - 1] + forward_cost, i) for i in range(j))
+        best.append(row)
+    g = min(range(1, max_groups + 1), key=lambda g: best[g][n][0]) if n else 0
+    groups, j = [], n
+    while g and j:
+        i = best[g][j][1]
+        groups.append(order[i:j])
+        g, j = g - 1, i
+    return groups[::-1]
+
+
+class _Grouped:
+    """Pending blocks scored in groups of rows, each group its own forward over those rows' KV (the cache itself
+    unchanged): per group, its rows [G], the blocks each scored in order [G, w], and the forward's KV."""
+
+    def __init__(self):
+        self.groups: list[tuple[torch.Tensor, torch.Tensor, Any]] = []
 
 
 class SharedPrefixCache(ABC):
@@ -87,6 +132,17 @@ class SharedPrefixCache(ABC):
         """Keep rows ``index`` [B'] of the cached KV, and only its columns from ``start`` on."""
         raise NotImplementedError(f"{type(self).__name__} cannot drop or reorder rows")
 
+    def _forward_rows(self, rows: torch.Tensor, ids: torch.Tensor, position_ids: torch.Tensor,
+                      allowed: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """:meth:`_forward` over the KV of rows ``rows`` [V] only, leaving the cache as it is: the rewards [V, n]
+        and the KV of those rows extended by the n tokens, as tensors [V, heads, T + n, d]."""
+        raise NotImplementedError(f"{type(self).__name__} scores every row on every block")
+
+    def _keep_columns(self, columns: list[torch.Tensor]) -> None:
+        """Append ``columns`` (one [B, heads, m, d] per tensor :meth:`_forward_rows` returns, in its order) to every
+        row's cached KV."""
+        raise NotImplementedError(f"{type(self).__name__} scores every row on every block")
+
     def _join_rows(self, other: "SharedPrefixCache", pad_self: int, pad_other: int) -> None:
         """Make the cached KV this cache's rows, left-padded by ``pad_self`` columns, followed by ``other``'s
         rows left-padded by ``pad_other`` columns (both then have the same length). Padding is never attended
@@ -98,6 +154,13 @@ class SharedPrefixCache(ABC):
         cls = type(self)
         return cls._take_rows is not SharedPrefixCache._take_rows and cls._join_rows is not SharedPrefixCache._join_rows
 
+    @property
+    def scores_ragged(self) -> bool:
+        """Whether :meth:`score_blocks` scores each row only on the blocks ``active`` marks."""
+        cls = type(self)
+        return (cls._forward_rows is not SharedPrefixCache._forward_rows
+                and cls._keep_columns is not SharedPrefixCache._keep_columns)
+
     # -- the ScoringCache contract ----------------------------------------------------------------
     @property
     def length(self) -> int:
@@ -107,23 +170,31 @@ class SharedPrefixCache(ABC):
         if self._pending is not None:
             k, m, _, kv = self._pending
             self._pending = None
-            if kv is not _RESCORE:
+            if kv is not _RESCORE and not isinstance(kv, _Grouped):
                 self._discard_blocks(kv, k * m)
 
-    def score_blocks(self, blocks: torch.Tensor, block_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def score_blocks(self, blocks: torch.Tensor, block_mask: torch.Tensor | None = None,
+                     active: torch.Tensor | None = None) -> torch.Tensor:
         """Score k blocks per row ([B, k, m], right-padded, mask [B, k, m]) over the shared prefix, at most
         :attr:`max_blocks` blocks per forward (one forward for k up to it); the reward of a block is read at its
         last real token. Returns [B, k].
 
         The attention mask of one forward is [B, 1, k·m, T + k·m], quadratic in k; chunks keep a step's memory
         bounded for any k. When there is more than one chunk, each chunk's KV is dropped at once and
-        :meth:`commit_choice` runs the chosen block again (one forward of m tokens per row)."""
+        :meth:`commit_choice` runs the chosen block again (one forward of m tokens per row).
+
+        ``active`` [B, k] bool marks the blocks the caller reads (at least one a row, else its first). Where
+        :attr:`scores_ragged`, the rows are then scored in groups (:func:`row_groups`), each as wide as its
+        neediest row, not all as wide as k; an inactive block's reward is 0, and choosing it commits the row's first
+        active block."""
         self._drop_pending()
         device = blocks.device  # rewards go back where the candidates came from (the LM's device)
         blocks = blocks.to(self.device)
         B, k, m = blocks.shape
         block_mask = (torch.ones_like(blocks, dtype=torch.bool) if block_mask is None
                       else block_mask.to(self.device).bool())
+        if active is not None and k <= self.max_blocks and self.scores_ragged:
+            return self._score_groups(blocks, block_mask, active.to(self.device).bool()).to(device)
         if k <= self.max_blocks:
             rewards, kv = self._score_chunk(blocks, block_mask)
             self._pending = (k, m, block_mask, kv)
@@ -147,6 +218,52 @@ class SharedPrefixCache(ABC):
         last = (block_mask.long().sum(-1) - 1).clamp(min=0)  # [B, c]
         return rewards.reshape(B, c, m).gather(-1, last[..., None]).squeeze(-1), kv
 
+    def _score_groups(self, blocks: torch.Tensor, block_mask: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """:meth:`score_blocks` of the ``active`` blocks only: one forward per group of rows (:func:`row_groups`),
+        each row's active blocks in order, padded with its first to the group's width."""
+        B, k, m = blocks.shape
+        order = torch.sort((~active).long(), dim=1, stable=True).indices  # [B, k]: each row's active blocks first
+        counts = active.sum(-1).clamp(min=1)
+        rewards = torch.zeros((B, k), dtype=torch.float32, device=self.device)
+        pending = _Grouped()
+        for rows in row_groups(counts.tolist()):
+            rows = torch.tensor(rows, dtype=torch.long, device=self.device)
+            n = counts.index_select(0, rows)
+            width = int(n.max())
+            take = order.index_select(0, rows)[:, :width]
+            real = torch.arange(width, device=self.device)[None, :] < n[:, None]
+            take = torch.where(real, take, take[:, :1])  # [G, w]
+            index = take[..., None].expand(-1, -1, m)
+            got, kv = self._score_rows(blocks.index_select(0, rows).gather(1, index),
+                                       block_mask.index_select(0, rows).gather(1, index), rows)
+            rewards[rows[:, None].expand_as(take)[real], take[real]] = got[real].float()
+            pending.groups.append((rows, take, kv))
+        self._pending = (k, m, block_mask, pending)
+        return rewards
+
+    def _score_rows(self, blocks: torch.Tensor, block_mask: torch.Tensor, rows: torch.Tensor):
+        """:meth:`_score_chunk` of blocks [G, c, m] over the KV of rows ``rows`` [G] (:meth:`_forward_rows`)."""
+        G, c, m = blocks.shape
+        offsets = (block_mask.long().cumsum(-1) - 1).clamp(min=0)
+        position_ids = (self.next_pos.index_select(0, rows)[:, None, None] + offsets).reshape(G, c * m)
+        allowed = block_mask_4d(self.mask.index_select(0, rows), block_mask)
+        rewards, kv = self._forward_rows(rows, blocks.reshape(G, c * m), position_ids, allowed)
+        last = (block_mask.long().sum(-1) - 1).clamp(min=0)
+        return rewards.reshape(G, c, m).gather(-1, last[..., None]).squeeze(-1), kv
+
+    def _keep_grouped(self, pending: _Grouped, choice: torch.Tensor, m: int) -> None:
+        """Commit a ragged score: each row's chosen block's columns, from its group's forward, after its cache."""
+        columns = None
+        for rows, take, kv in pending.groups:
+            hit = take == choice.index_select(0, rows)[:, None]
+            index = self.length + hit.long().argmax(-1)[:, None] * m + torch.arange(m, device=self.device)[None, :]
+            picked = [pick_columns(t, index) for t in kv]
+            if columns is None:
+                columns = [p.new_zeros((self.mask.shape[0], *p.shape[1:])) for p in picked]
+            for whole, part in zip(columns, picked):
+                whole.index_copy_(0, rows, part)
+        self._keep_columns(columns)
+
     def commit_choice(self, choice: torch.Tensor) -> None:
         """Keep the KV of block ``choice[b]`` of the last :meth:`score_blocks` call for each row; drop the rest."""
         if self._pending is None:
@@ -158,8 +275,12 @@ class SharedPrefixCache(ABC):
             self.append(k.gather(1, pick).squeeze(1), block_mask.gather(1, pick).squeeze(1))
             return
         choice = choice.to(self.device).long()
-        index = self.length + choice[:, None] * m + torch.arange(m, device=self.device)[None, :]  # [B, m]
-        self._keep_block(kv, index)
+        if isinstance(kv, _Grouped):
+            choice = _first_active(kv, choice)
+            self._keep_grouped(kv, choice, m)
+        else:
+            index = self.length + choice[:, None] * m + torch.arange(m, device=self.device)[None, :]  # [B, m]
+            self._keep_block(kv, index)
         chosen = block_mask.gather(1, choice[:, None, None].expand(-1, 1, m)).squeeze(1)  # [B, m]
         self.mask = torch.cat([self.mask, chosen], dim=1)
         self.next_pos = self.next_pos + chosen.long().sum(-1)
@@ -215,6 +336,16 @@ class SharedPrefixCache(ABC):
         self._join_rows(other, pad_self, pad_other)
         self.mask = torch.cat([_left_pad(self.mask, pad_self), _left_pad(other.mask.to(self.device), pad_other)])
         self.next_pos = torch.cat([self.next_pos, other.next_pos.to(self.device)])
+
+
+def _first_active(pending: _Grouped, choice: torch.Tensor) -> torch.Tensor:
+    """``choice`` with each row's inactive choice (a finished row's padding) replaced by its first active block."""
+    choice = choice.clone()
+    for rows, take, _ in pending.groups:
+        mine = choice.index_select(0, rows)
+        scored = (take == mine[:, None]).any(-1)
+        choice.index_copy_(0, rows, torch.where(scored, mine, take[:, 0]))
+    return choice
 
 
 def _left_pad(mask: torch.Tensor, columns: int) -> torch.Tensor:

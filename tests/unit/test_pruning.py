@@ -12,6 +12,7 @@ from steerkit import RewardAugmentedGenerator, SteeringTerm
 from steerkit.engine.pruning import ROUND_ONE, Gate, prunable
 from steerkit.engine.step import make_plan
 from steerkit.rewards.base import candidate_bounds
+from steerkit.rewards.cache import SharedPrefixCache
 from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.rewards.token.session import TokenReward
 from steerkit.serving.engine import Engine
@@ -39,14 +40,17 @@ class _CountedSession:
     def __init__(self, owner: Counted, session):
         self.owner, self.session = owner, session
 
-    def score(self, candidates):
-        self.owner.scored += candidates.numel()
-        return self.session.score(candidates) * self.owner.scale
+    def score(self, candidates, active=None):
+        if active is None:
+            self.owner.scored += candidates.numel()
+            return self.session.score(candidates) * self.owner.scale
+        self.owner.scored += int(active.sum())  # a ragged session scores only these
+        return self.session.score(candidates, active=active) * self.owner.scale
 
     def add_rows(self, other):
         self.session.add_rows(other.session)
 
-    def __getattr__(self, name):  # commit, commit_chosen, keep_rows, supports_row_changes
+    def __getattr__(self, name):  # commit, commit_chosen, keep_rows, supports_row_changes, ragged
         return getattr(self.session, name)
 
 
@@ -101,6 +105,25 @@ def test_one_row_scores_few_candidates_where_the_bounds_rule_them_out(monkeypatc
     assert torch.equal(full, pruned)
     assert every == 16 * full.shape[1]
     assert reward.scored <= 0.5 * every, (reward.scored, every)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_batch_hands_each_row_its_own_candidates(monkeypatch, parts, peaked, do_sample):
+    """Eight rows: the torch cache scores each row only on the candidates it needs (ragged), not all as many as the
+    neediest row's; the tokens are those of the padded pruned step and of the unpruned one."""
+    tokenizer, _, rm = parts
+    prompts = ["The movie was", "You are", "a b c", "x", "I think", "b a", "the the", "no"]
+    kw = dict(prompts=prompts, k=16, do_sample=do_sample, eos_token_id=[])
+    got, scored = {}, {}
+    for label, prune, ragged in [("full", False, True), ("padded", True, False), ("ragged", True, True)]:
+        if not ragged:
+            monkeypatch.setattr(SharedPrefixCache, "scores_ragged", property(lambda self: False))
+        reward = Counted(RewardModelScorer(rm))
+        got[label] = decode(monkeypatch, prune, peaked, tokenizer, [SteeringTerm(reward, -3.0)], **kw)
+        scored[label] = reward.scored
+        monkeypatch.undo()
+    assert torch.equal(got["full"], got["padded"]) and torch.equal(got["full"], got["ragged"])
+    assert scored["ragged"] < 0.8 * scored["padded"] <= 0.8 * scored["full"], scored
 
 
 @pytest.mark.parametrize("temperature", [1e-45, 0.3, 2.5])

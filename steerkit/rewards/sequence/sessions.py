@@ -15,8 +15,18 @@ class SameTokenizerSession:
         self.pad_token_id = pad_token_id
         self._candidates: torch.Tensor | None = None
 
-    def score(self, candidates: torch.Tensor) -> torch.Tensor:
+    @property
+    def ragged(self) -> bool:
+        """Whether :meth:`score` scores each row only on the candidates ``active`` marks (the cache's
+        ``scores_ragged``)."""
+        return bool(getattr(self.cache, "scores_ragged", False))
+
+    def score(self, candidates: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
+        """Rewards [B, k] of the candidates [B, k]; ``active`` [B, k]: the ones the caller reads (the others may
+        score anything, and are not chosen), for a :attr:`ragged` session."""
         self._candidates = candidates
+        if active is not None and self.ragged:
+            return self.cache.score_blocks(candidates[..., None], None, active)
         return self.cache.score_blocks(candidates[..., None], None)
 
     def commit(self, tokens: torch.Tensor) -> None:

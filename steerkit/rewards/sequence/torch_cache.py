@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from ...hf_compat import take_cache_rows
+from ...hf_compat import cache_of_rows, take_cache_rows
 from ..attention import additive
 from ..cache import SharedPrefixCache, left_pad_kv, pick_columns
 from ..model import RewardModel
@@ -37,6 +37,19 @@ class TorchScoringCache(SharedPrefixCache):
             out = self.model(ids, attention_mask=additive(allowed, self.dtype).to(self.device),
                              position_ids=position_ids, past_key_values=self.cache, use_cache=True)
         return out.rewards, None  # the new KV is in self.cache already
+
+    def _forward_rows(self, rows, ids, position_ids, allowed):
+        cache = cache_of_rows(self.cache, rows.to(self.device))
+        with torch.no_grad():
+            out = self.model(ids, attention_mask=additive(allowed, self.dtype).to(self.device),
+                             position_ids=position_ids, past_key_values=cache, use_cache=True)
+        return out.rewards, [t for layer in cache.layers for t in (layer.keys, layer.values)]
+
+    def _keep_columns(self, columns) -> None:
+        columns = iter(columns)
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                setattr(layer, name, torch.cat([getattr(layer, name), next(columns).to(self.device)], dim=2))
 
     def _store(self, kv) -> None:
         pass  # the forward appended the new KV to self.cache in place
