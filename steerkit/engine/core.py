@@ -22,7 +22,7 @@ import torch
 
 from ..rewards.base import candidate_bounds
 from .lm_cache import lm_batch
-from .pruning import Gate, can_prune, prunable, pruned_step
+from .pruning import Gate, can_prune, carry_guess, prunable, pruned_step
 from .reward_groups import RewardGroup, join_groups, prepare_lm_state
 from .rows import Row, distinct_prompts
 from .step import BatchPlan, StepOutput, chosen_index, make_plan, rad_step, raise_non_finite
@@ -188,11 +188,12 @@ class EngineCore:
         """The rows' settings as the step reads them, with each row's batch index and whether any row traces:
         worked out when rows join or leave, not per step."""
         if self._plan is None:
+            before = getattr(self, "_where", None), getattr(self, "_guess", None)
             self._plan = make_plan(self.rows, self.batch.device, self.shared_rng)
             self._where = {row: b for b, row in enumerate(self.rows)}
             self._tracing = any(row.trace for row in self.rows)
             self._bounds = self._prunable(self._plan)
-            self._guess = None  # each row's last chosen ρ, in this plan's row order
+            self._guess = carry_guess(*before, self.rows)  # each row's last chosen ρ in this plan's order (NaN: none)
             self._live = None  # [B] bool once a row of a shared batch has finished (it stays, fed padding)
         return self._plan
 

@@ -111,7 +111,7 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[..., dict
     padding whatever it draws, so it never widens round two). ``guess``: each row's ρ [B] of every bounded reward
     at the last step (:attr:`PrunedOutput.chosen_rho`): a text's reward moves little from one token to the next, so
     round one takes the candidates whose upper bound comes within ``GUESS_MARGIN`` of the best key that guess
-    gives, and round two is rarely needed. ``ragged``: the bounded rewards' sessions score each row only on the
+    gives, and round two is rarely needed (NaN: a row with no last ρ, a newcomer: :func:`carry_guess`). ``ragged``: the bounded rewards' sessions score each row only on the
     candidates marked active (``score(ids, keys, active)``, active [B, m]), so a round hands each row its own
     candidates, not as many as the neediest row's. Returns the step's output with ``tokens`` chosen."""
     z, ids = candidates(logits, plan.K)
@@ -127,15 +127,15 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[..., dict
     top = (upper + noise).masked_fill(~in_k, float("-inf"))
     floor = (lower + noise).masked_fill(~in_k, float("-inf")).amax(-1, keepdim=True)
     live = torch.ones(B, dtype=torch.bool) if live is None else live
+    wanted = ((top >= floor) & live[:, None]).sum(-1).clamp(max=ROUND_ONE)  # a row without a guess: ROUND_ONE
     if guess is not None and set(guess) == keys:
-        at_guess = {**rho, **{key: g.to(z.device, z.dtype)[:, None].expand(B, K) for key, g in guess.items()}}
+        guess = {key: g.to(z.device, z.dtype) for key, g in guess.items()}
+        known = torch.stack([~g.isnan() for g in guess.values()]).all(0)  # [B]: rows with a last ρ
+        at_guess = {**rho, **{key: g.nan_to_num(0.0)[:, None].expand(B, K) for key, g in guess.items()}}
         guessed = (combine_slots(z, plan, at_guess, betas)[0] + noise).masked_fill(~in_k, float("-inf"))
         reach = guessed.amax(-1, keepdim=True) - GUESS_MARGIN
-    else:
-        reach = None
-    wanted = ((top >= (floor if reach is None else reach)) & live[:, None]).sum(-1)
-    first = int(wanted.max())
-    first = max(2, min(ROUND_ONE, first) if reach is None else first)
+        wanted = torch.where(known, ((top >= reach) & live[:, None]).sum(-1), wanted)
+    first = max(2, int(wanted.max()))
     last = top.argsort(dim=-1, descending=True, stable=True)[:, :first]
     active = torch.arange(first)[None, :] < wanted.clamp(2, first)[:, None] if ragged else None
     values = {key: torch.zeros_like(z) for key in keys}
@@ -169,6 +169,17 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[..., dict
     pos = chosen_index(ids, out.tokens)[:, None]
     return PrunedOutput(**vars(out), scored_ids={key: ids.gather(1, last) for key in keys}, width=width,
                         chosen_rho={key: values[key].gather(1, pos)[:, 0] for key in keys})
+
+
+def carry_guess(where: dict | None, guess: dict | None, rows: Sequence) -> dict | None:
+    """The last step's guess (:attr:`PrunedOutput.chosen_rho`, rows at ``where[row]``) for a batch whose rows are now
+    ``rows``: a row that stayed keeps its ρ, a newcomer gets NaN (its round one is the first step's)."""
+    if not where or not guess:
+        return None
+    index = torch.tensor([where.get(row, -1) for row in rows], dtype=torch.long)
+    if not (index >= 0).any():
+        return None
+    return {key: torch.where(index >= 0, g[index.clamp(min=0)], float("nan")) for key, g in guess.items()}
 
 
 def _bounds(z: torch.Tensor, plan: BatchPlan, rho: dict, betas: list, bounds: dict):

@@ -51,6 +51,8 @@ MAX_BLOCKS_PER_FORWARD = 64
 FORWARD_COST = 6
 #: Forwards a ragged :meth:`SharedPrefixCache.score_blocks` call runs at most.
 MAX_GROUPS = 4
+#: Whether caches that can score ragged do (False: every row on every block; for before/after benchmarks).
+RAGGED_SCORING = True
 
 
 def row_groups(counts: list[int], max_groups: int = MAX_GROUPS, forward_cost: float = FORWARD_COST) -> list[list[int]]:
@@ -158,7 +160,7 @@ class SharedPrefixCache(ABC):
     def scores_ragged(self) -> bool:
         """Whether :meth:`score_blocks` scores each row only on the blocks ``active`` marks."""
         cls = type(self)
-        return (cls._forward_rows is not SharedPrefixCache._forward_rows
+        return (RAGGED_SCORING and cls._forward_rows is not SharedPrefixCache._forward_rows
                 and cls._keep_columns is not SharedPrefixCache._keep_columns)
 
     # -- the ScoringCache contract ----------------------------------------------------------------

@@ -9,10 +9,10 @@ import torch
 from serve_support import queued_tokens
 import steerkit.engine.core as core
 from steerkit import RewardAugmentedGenerator, SteeringTerm
-from steerkit.engine.pruning import ROUND_ONE, Gate, prunable
+from steerkit.engine.pruning import ROUND_ONE, Gate, carry_guess, prunable
 from steerkit.engine.step import make_plan
 from steerkit.rewards.base import candidate_bounds
-from steerkit.rewards.cache import SharedPrefixCache
+import steerkit.rewards.cache as cache
 from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.rewards.token.session import TokenReward
 from steerkit.serving.engine import Engine
@@ -116,12 +116,10 @@ def test_a_batch_hands_each_row_its_own_candidates(monkeypatch, parts, peaked, d
     kw = dict(prompts=prompts, k=16, do_sample=do_sample, eos_token_id=[])
     got, scored = {}, {}
     for label, prune, ragged in [("full", False, True), ("padded", True, False), ("ragged", True, True)]:
-        if not ragged:
-            monkeypatch.setattr(SharedPrefixCache, "scores_ragged", property(lambda self: False))
+        monkeypatch.setattr(cache, "RAGGED_SCORING", ragged)
         reward = Counted(RewardModelScorer(rm))
         got[label] = decode(monkeypatch, prune, peaked, tokenizer, [SteeringTerm(reward, -3.0)], **kw)
         scored[label] = reward.scored
-        monkeypatch.undo()
     assert torch.equal(got["full"], got["padded"]) and torch.equal(got["full"], got["ragged"])
     assert scored["ragged"] < 0.8 * scored["padded"] <= 0.8 * scored["full"], scored
 
@@ -216,6 +214,17 @@ def test_server_rows_with_their_own_settings(monkeypatch, parts, peaked):
             assert a.keys() == b.keys() and all(abs(a[n] - b[n]) < 1e-5 for n in a), (a, b)
     assert any(r.rewards for r in runs[True])
     assert scored[True] < scored[False], scored
+
+
+def test_rows_that_stay_keep_their_guess_when_the_batch_changes():
+    """A server's batch changes whenever a row joins or leaves: the rows that stay keep their last ρ (the next round
+    one's guess); a newcomer has none (NaN), and a batch of newcomers no guess at all."""
+    a, b, c, d = "abcd"
+    carried = carry_guess({a: 0, b: 1, c: 2}, {"tiny": torch.tensor([0.1, 0.2, 0.3])}, [c, d, a])
+    assert torch.equal(carried["tiny"].isnan(), torch.tensor([False, True, False]))
+    assert carried["tiny"][[0, 2]].tolist() == pytest.approx([0.3, 0.1])
+    assert carry_guess({a: 0}, {"tiny": torch.tensor([0.1])}, [d]) is None
+    assert carry_guess(None, None, [a]) is None
 
 
 def test_the_gate_pauses_pruning_while_it_does_not_save():
