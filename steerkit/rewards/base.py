@@ -14,6 +14,10 @@ its candidate ``chosen`` [B] (an index into the candidates of the last ``score``
 candidates (or a finished row's padding), calls it where present, so that the session need not search for the
 tokens, which on a GPU makes the host wait (:class:`~steerkit.rewards.sequence.sessions.SameTokenizerSession`).
 
+A session of a reward that declares :func:`candidate_bounds` may also declare ``ragged = True`` and take
+``score(candidates, active=None)``: ``active`` [B, k] marks the candidates each row needs (the others are padding,
+whose rewards are not read), so that a batch's rows are scored each on its own (:mod:`steerkit.engine.pruning`).
+
 Backends (torch, onnxruntime) implement :class:`ScoringCache`: the incremental KV state of one reward
 model over B rows, in the reward model's own token space.
 """

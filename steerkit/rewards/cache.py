@@ -46,23 +46,28 @@ _RESCORE = object()
 #: Blocks (candidates) scored in one forward at most (``SharedPrefixCache.max_blocks``).
 MAX_BLOCKS_PER_FORWARD = 64
 #: A forward's own cost, in blocks of one row: what grouping the rows by the blocks they need must save to run one
-#: more forward (:func:`row_groups`). Measured on the shipped ``toxicity`` in onnxruntime int8, 16 rows: a forward
-#: cost about 1.8 ms beyond its blocks, a block of one row about 0.3 ms (docs/performance.md).
-FORWARD_COST = 6
+#: more forward (:func:`row_groups`). Measured on the shipped ``toxicity``, 16 rows, the candidates each row needed in
+#: a real run: onnxruntime int8 scored as fast with any value from 3 to 24, torch fastest from 12 to 24 (its eager
+#: forward's fixed cost is larger), both far faster than one forward as wide as the neediest row
+#: (docs/performance.md).
+FORWARD_COST = 12
 #: Forwards a ragged :meth:`SharedPrefixCache.score_blocks` call runs at most.
 MAX_GROUPS = 4
 #: Whether caches that can score ragged do (False: every row on every block; for before/after benchmarks).
 RAGGED_SCORING = True
 
 
-def row_groups(counts: list[int], max_groups: int = MAX_GROUPS, forward_cost: float = FORWARD_COST) -> list[list[int]]:
+def row_groups(counts: list[int], max_groups: int | None = None, forward_cost: float | None = None) -> list[list[int]]:
     """Rows grouped for ragged scoring: row ``b`` needs ``counts[b]`` blocks, and each group is one forward as wide as
     its neediest row. The rows, in order of need, are cut into at most ``max_groups`` runs so that the blocks scored
-    (padding included) plus ``forward_cost`` per forward are least. Returns the groups' row numbers, least need first.
+    (padding included) plus ``forward_cost`` per forward are least (defaults: :data:`MAX_GROUPS`,
+    :data:`FORWARD_COST`). Returns the groups' row numbers, least need first.
 
     >>> row_groups([2, 3, 2, 17, 3, 2])
     [[0, 2, 5, 1, 4], [3]]
     """
+    max_groups = MAX_GROUPS if max_groups is None else max_groups
+    forward_cost = FORWARD_COST if forward_cost is None else forward_cost
     order = sorted(range(len(counts)), key=lambda b: counts[b])
     need = [counts[b] for b in order]
     n = len(need)
@@ -212,13 +217,20 @@ class SharedPrefixCache(ABC):
 
     def _score_chunk(self, blocks: torch.Tensor, block_mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """One forward of blocks [B, c, m] after the prefix: each block's reward [B, c] and the forward's KV."""
-        B, c, m = blocks.shape
+        return self._score_over(blocks, block_mask)
+
+    def _score_over(self, blocks: torch.Tensor, block_mask: torch.Tensor, rows: torch.Tensor | None = None):
+        """One forward of blocks [G, c, m] after the prefix of every row (``rows`` None: :meth:`_forward`) or of rows
+        ``rows`` [G] (:meth:`_forward_rows`): each block's reward [G, c] and the forward's KV."""
+        G, c, m = blocks.shape
+        next_pos, mask = ((self.next_pos, self.mask) if rows is None
+                          else (self.next_pos.index_select(0, rows), self.mask.index_select(0, rows)))
         offsets = (block_mask.long().cumsum(-1) - 1).clamp(min=0)
-        position_ids = (self.next_pos[:, None, None] + offsets).reshape(B, c * m)
-        allowed = block_mask_4d(self.mask, block_mask)
-        rewards, kv = self._forward(blocks.reshape(B, c * m), position_ids, allowed)
-        last = (block_mask.long().sum(-1) - 1).clamp(min=0)  # [B, c]
-        return rewards.reshape(B, c, m).gather(-1, last[..., None]).squeeze(-1), kv
+        position_ids = (next_pos[:, None, None] + offsets).reshape(G, c * m)
+        args = (blocks.reshape(G, c * m), position_ids, block_mask_4d(mask, block_mask))
+        rewards, kv = self._forward(*args) if rows is None else self._forward_rows(rows, *args)
+        last = (block_mask.long().sum(-1) - 1).clamp(min=0)  # [G, c]
+        return rewards.reshape(G, c, m).gather(-1, last[..., None]).squeeze(-1), kv
 
     def _score_groups(self, blocks: torch.Tensor, block_mask: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """:meth:`score_blocks` of the ``active`` blocks only: one forward per group of rows (:func:`row_groups`),
@@ -236,22 +248,12 @@ class SharedPrefixCache(ABC):
             real = torch.arange(width, device=self.device)[None, :] < n[:, None]
             take = torch.where(real, take, take[:, :1])  # [G, w]
             index = take[..., None].expand(-1, -1, m)
-            got, kv = self._score_rows(blocks.index_select(0, rows).gather(1, index),
+            got, kv = self._score_over(blocks.index_select(0, rows).gather(1, index),
                                        block_mask.index_select(0, rows).gather(1, index), rows)
             rewards[rows[:, None].expand_as(take)[real], take[real]] = got[real].float()
             pending.groups.append((rows, take, kv))
         self._pending = (k, m, block_mask, pending)
         return rewards
-
-    def _score_rows(self, blocks: torch.Tensor, block_mask: torch.Tensor, rows: torch.Tensor):
-        """:meth:`_score_chunk` of blocks [G, c, m] over the KV of rows ``rows`` [G] (:meth:`_forward_rows`)."""
-        G, c, m = blocks.shape
-        offsets = (block_mask.long().cumsum(-1) - 1).clamp(min=0)
-        position_ids = (self.next_pos.index_select(0, rows)[:, None, None] + offsets).reshape(G, c * m)
-        allowed = block_mask_4d(self.mask.index_select(0, rows), block_mask)
-        rewards, kv = self._forward_rows(rows, blocks.reshape(G, c * m), position_ids, allowed)
-        last = (block_mask.long().sum(-1) - 1).clamp(min=0)
-        return rewards.reshape(G, c, m).gather(-1, last[..., None]).squeeze(-1), kv
 
     def _keep_grouped(self, pending: _Grouped, choice: torch.Tensor, m: int) -> None:
         """Commit a ragged score: each row's chosen block's columns, from its group's forward, after its cache."""
