@@ -162,7 +162,15 @@ class Server:
                     "--log-level", "warning", "--engine", args.engine, "--backend", setup["backend"]] + (
                         ["--compile"] if setup["compile"] else []) + ["--dtype", setup["dtype"]]
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nothing the server prints can block it
-        self.process = subprocess.Popen(self.cmd, env=env, stdout=subprocess.DEVNULL, stderr=self.log, text=True)
+        # `python -m` puts the working directory first on sys.path, before PYTHONPATH: from a checkout's root it would
+        # import that checkout's steerkit whatever the set-up's tree. So the server starts in its tree (or here).
+        cwd = setup.get("tree") or None
+        self.steerkit = subprocess.run([sys.executable, "-c", "import steerkit; print(steerkit.__file__)"], env=env,
+                                       cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+        if setup.get("tree") and not Path(self.steerkit).resolve().is_relative_to(Path(setup["tree"]).resolve()):
+            raise SystemExit(f"set-up {setup['name']!r} would import {self.steerkit}, not its tree's steerkit")
+        self.process = subprocess.Popen(self.cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=self.log,
+                                        text=True)
         self.compiled: list[str] = []
 
     def wait_healthy(self, bodies: list[dict]) -> None:
@@ -276,7 +284,7 @@ def main() -> None:
                                   for i, c in enumerate(args.levels)} for setup in setups}
         result = {**common, "rounds": args.rounds, "ratios_are": f"tokens/s over {first}'s in the same round",
                   "setups": [{"setup": server.setup["name"], "server": " ".join(server.cmd[2:]),
-                              "steerkit_tree": server.setup["tree"],
+                              "steerkit_tree": server.setup["tree"], "steerkit_imported": server.steerkit,
                               "compilations_at_start": server.compiled, "rounds": runs[server.setup["name"]],
                               "tokens_per_s_over_first": ratios[server.setup["name"]]} for server in servers]}
     else:
