@@ -109,6 +109,8 @@ def take_cache_rows(cache, index, start: int = 0) -> None:
     """Make every layer of a ``DynamicCache`` hold rows ``index`` (a repeated row is a copy), from column ``start`` on:
     the one place that reaches into its layers' ``keys`` and ``values`` to select rows."""
     for layer in cache.layers:
+        if getattr(layer, "keys", None) is None:  # a layer nothing has been written to yet (an empty prefix)
+            continue
         layer.keys = layer.keys.index_select(0, index)[:, :, start:]
         layer.values = layer.values.index_select(0, index)[:, :, start:]
 

@@ -105,3 +105,26 @@ def test_a_cache_without_the_row_forward_scores_every_block(tokenizer, reward_mo
     active = torch.zeros_like(candidates, dtype=torch.bool)
     active[:, 0] = True
     assert (session.score(candidates, active=active)[:, 1:] != 0).all()
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_an_empty_prefix_scores_ragged(tokenizer, backend, steerkit_cache):
+    """A reward model with no start token, on continuations: its cache holds nothing before the first commit (a
+    torch layer not yet written to), and a ragged round then scores and commits as a full one does."""
+    from steerkit.testing import tiny_reward
+
+    model = tiny_reward(tokenizer, seed=5)
+    model.config.start_token_id = None
+    if backend == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnx")
+    reward = RewardModelScorer(model, backend=backend)
+    ragged, full = reward.start(["", ""], tokenizer), reward.start(["", ""], tokenizer)
+    assert ragged.cache.length == 0
+    candidates = torch.tensor([[5, 6, 7], [8, 9, 10]])
+    active = torch.tensor([[True, False, True], [True, True, False]])
+    want = full.score(candidates)
+    assert torch.allclose(ragged.score(candidates, active=active)[active], want[active], atol=1e-5)
+    for session in (ragged, full):
+        session.commit_chosen(candidates[:, 0], torch.tensor([0, 1]))
+    assert torch.allclose(ragged.score(candidates), full.score(candidates), atol=1e-5)

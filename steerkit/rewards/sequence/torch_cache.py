@@ -47,9 +47,8 @@ class TorchScoringCache(SharedPrefixCache):
 
     def _keep_columns(self, columns) -> None:
         columns = iter(columns)
-        for layer in self.cache.layers:
-            for name in ("keys", "values"):
-                setattr(layer, name, torch.cat([getattr(layer, name), next(columns).to(self.device)], dim=2))
+        for layer in self.cache.layers:  # a layer's own update appends (and sets up a layer still empty)
+            layer.update(next(columns).to(self.device), next(columns).to(self.device))
 
     def _store(self, kv) -> None:
         pass  # the forward appended the new KV to self.cache in place
