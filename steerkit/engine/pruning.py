@@ -22,11 +22,11 @@ candidates tie to float32 rounding (the shift and the softmax's sum see fewer ca
 told the choice by its index among the candidates they scored last (:attr:`PrunedOutput.scored_ids`).
 
 This pays on the CPU: at batch 1 about half the reward forwards of the shipped ``toxicity`` at k = 20, β = -20. In a
-batch, rows need different numbers of candidates; where the bounded rewards' sessions are ``ragged`` (the torch and
-onnxruntime caches: :meth:`~steerkit.rewards.cache.SharedPrefixCache.score_blocks` with ``active``), each row is
-scored on its own, in groups of rows of like need; otherwise every row is as wide as the neediest, and at 16 rows
-little is saved (docs/performance.md). The engine core runs it on the CPU only (each round reads the widths back) and not where a
-caller keeps every candidate's rewards (traces).
+batch, rows need different numbers of candidates; where the bounded rewards' sessions are ``ragged`` (the torch,
+onnxruntime and llama.cpp caches: :meth:`~steerkit.rewards.cache.SharedPrefixCache.score_blocks` with ``active``),
+each row is scored on its own, in groups of rows of like need; otherwise every row is as wide as the neediest, and at
+16 rows little is saved (docs/performance.md). The engine core runs it on the CPU only (each round reads the widths
+back) and not where a caller keeps every candidate's rewards (traces).
 """
 
 from __future__ import annotations
@@ -111,9 +111,10 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[..., dict
     padding whatever it draws, so it never widens round two). ``guess``: each row's ρ [B] of every bounded reward
     at the last step (:attr:`PrunedOutput.chosen_rho`): a text's reward moves little from one token to the next, so
     round one takes the candidates whose upper bound comes within ``GUESS_MARGIN`` of the best key that guess
-    gives, and round two is rarely needed (NaN: a row with no last ρ, a newcomer: :func:`carry_guess`). ``ragged``: the bounded rewards' sessions score each row only on the
-    candidates marked active (``score(ids, keys, active)``, active [B, m]), so a round hands each row its own
-    candidates, not as many as the neediest row's. Returns the step's output with ``tokens`` chosen."""
+    gives, and round two is rarely needed (NaN: a row with no last ρ, a newcomer: :func:`carry_guess`).
+    ``ragged``: the bounded rewards' sessions score each row only on the candidates marked active (``score(ids,
+    keys, active)``, active [B, m]), so a round hands each row its own candidates, not as many as the neediest
+    row's. Returns the step's output with ``tokens`` chosen."""
     z, ids = candidates(logits, plan.K)
     B, K = z.shape
     betas = [slot_betas(slot, steps, z.device) for slot in plan.slots]
