@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..rewards.base import reads_lm_state, supports_row_changes
+from ..rewards.base import reads_lm_state, scores_ragged, supports_row_changes
 from .rows import Row
 
 
@@ -169,8 +169,9 @@ class RewardGroup:
     # -- a step ------------------------------------------------------------------------------------------
     @property
     def ragged(self) -> bool:
-        """Whether every part's session scores each row only on the candidates ``active`` marks (``ragged``)."""
-        return all(getattr(part.session, "ragged", False) for part in self.parts)
+        """Whether every part's session scores each row only on the candidates ``active`` marks
+        (:func:`~steerkit.rewards.base.scores_ragged`)."""
+        return all(scores_ragged(part.session) for part in self.parts)
 
     def score(self, candidates: torch.Tensor, where: dict, lm_state: torch.Tensor | None = None,
               active: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
@@ -210,7 +211,7 @@ class RewardGroup:
                active: torch.Tensor | None = None) -> torch.Tensor:
         if self.reads_state:
             rho = part.session.score(candidates, lm_state)
-        elif active is not None and getattr(part.session, "ragged", False):
+        elif active is not None and scores_ragged(part.session):
             rho = part.session.score(candidates, active=active)
         else:
             rho = part.session.score(candidates)

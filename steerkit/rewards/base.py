@@ -24,6 +24,8 @@ model over B rows, in the reward model's own token space.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from typing import Protocol, runtime_checkable
 
@@ -77,6 +79,21 @@ def supports_row_changes(session) -> bool:
     if flag is not None:
         return bool(flag)
     return callable(getattr(session, "keep_rows", None)) and callable(getattr(session, "add_rows", None))
+
+
+def scores_ragged(session) -> bool:
+    """True for a session that declares ``ragged`` and whose ``score`` takes ``active``: it may be handed each row's
+    own candidates (module docstring). A wrapper that forwards its attributes to a ragged session, ``ragged`` included,
+    but whose ``score`` does not take ``active`` is not ragged: it gets every row as wide as the neediest."""
+    return bool(getattr(session, "ragged", False)) and _score_takes_active(type(session))
+
+
+@functools.lru_cache(maxsize=None)
+def _score_takes_active(cls: type) -> bool:
+    try:
+        return "active" in inspect.signature(cls.score).parameters
+    except (AttributeError, TypeError, ValueError):  # no score on the class, or one inspect cannot read
+        return False
 
 
 def reads_lm_state(reward) -> bool:

@@ -128,3 +128,23 @@ def test_an_empty_prefix_scores_ragged(tokenizer, backend, steerkit_cache):
     for session in (ragged, full):
         session.commit_chosen(candidates[:, 0], torch.tensor([0, 1]))
     assert torch.allclose(ragged.score(candidates), full.score(candidates), atol=1e-5)
+
+
+def test_a_wrapper_that_forwards_ragged_but_not_active_is_not_ragged(tokenizer, reward_model):
+    """A session wrapper (a plugin's, or a test's) that forwards every attribute to a ragged session, ``ragged``
+    included, but whose ``score`` does not take ``active``: the engine hands it full rows, as to any session."""
+    from steerkit.rewards.base import scores_ragged
+
+    class Forwarding:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def score(self, candidates):
+            return self.inner.score(candidates)
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    session = RewardModelScorer(reward_model).start(["a"], tokenizer)
+    assert scores_ragged(session)
+    assert Forwarding(session).ragged and not scores_ragged(Forwarding(session))
