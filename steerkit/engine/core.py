@@ -75,6 +75,8 @@ class EngineCore:
         self.groups: dict[int, RewardGroup] = {}
         self._names = names or (lambda reward: getattr(reward, "name", "reward"))
         self._plan: BatchPlan | None = None
+        self._where: dict | None = None  # row -> batch index in the plan (set with it)
+        self._guess: dict | None = None  # pruning's guess: each row's last chosen ρ (pruning.carry_guess)
         self._gate = Gate()  # kept while rows come and go: whether pruning pays depends on the batch, not the rows
         self.last_tokens: torch.Tensor | None = None  # the step's tokens as committed (padding for finished rows)
         self._stepped: list[Row] = []
@@ -188,11 +190,12 @@ class EngineCore:
         """The rows' settings as the step reads them, with each row's batch index and whether any row traces:
         worked out when rows join or leave, not per step."""
         if self._plan is None:
-            before = getattr(self, "_where", None), getattr(self, "_guess", None)
+            before = self._where, self._guess
             self._plan = make_plan(self.rows, self.batch.device, self.shared_rng)
             self._where = {row: b for b, row in enumerate(self.rows)}
             self._tracing = any(row.trace for row in self.rows)
             self._bounds = self._prunable(self._plan)
+            self._ragged = all(self.groups[key].ragged for key in self._bounds)  # sessions take each row's own
             self._guess = carry_guess(*before, self.rows)  # each row's last chosen ρ in this plan's order (NaN: none)
             self._live = None  # [B] bool once a row of a shared batch has finished (it stays, fed padding)
         return self._plan
@@ -225,8 +228,8 @@ class EngineCore:
 
         steps = [row.steps for row in rows]
         if self._bounds and not keep_output and self._gate.open():
-            ragged = all(self.groups[key].ragged for key in self._bounds)
-            out = pruned_step(self.batch.logits, plan, score, steps, self._bounds, self._live, self._guess, ragged)
+            out = pruned_step(self.batch.logits, plan, score, steps, self._bounds, self._live, self._guess,
+                              self._ragged)
             self._gate.record(out.width, plan.K)
             self._guess = out.chosen_rho
         else:

@@ -138,21 +138,20 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[..., dict
         wanted = torch.where(known, ((top >= reach) & live[:, None]).sum(-1), wanted)
     first = max(2, int(wanted.max()))
     last = top.argsort(dim=-1, descending=True, stable=True)[:, :first]
-    active = torch.arange(first)[None, :] < wanted.clamp(2, first)[:, None] if ragged else None
+    active = torch.arange(first)[None, :] < wanted.clamp(2, first)[:, None]  # each row's own; the rest padding
     values = {key: torch.zeros_like(z) for key in keys}
     scored = torch.zeros_like(z, dtype=torch.bool)
     width = 0.0
     while True:
-        if ragged:
-            width += float(active.sum()) / B
-            _enter(values, scored, last, score(ids.gather(1, last), keys, active), active)
-        else:
-            width += last.shape[1]
-            _enter(values, scored, last, score(ids.gather(1, last), keys))
+        # a session that is not ragged scores the padding too, and its values count
+        entered = active if ragged else torch.ones_like(active)
+        _enter(values, scored, last, score(ids.gather(1, last), keys, active if ragged else None), entered)
         combined, shaped, reward_sum = combine_slots(z, plan, {**rho, **values}, betas)
         best, at = (combined + noise).masked_fill(~scored | ~in_k, float("-inf")).max(-1)
         need = ~scored & in_k & live[:, None] & (top >= best[:, None] - _margin(best)[:, None])
-        more, bad = torch.stack([need.sum(-1).max(), _outside(values, scored, bounds)]).tolist()
+        more, bad, handed = torch.stack([need.sum(-1).max(), _outside(values, scored, bounds),
+                                         entered.sum()]).tolist()
+        width += handed / B
         if bad:  # a reward returned ρ outside the bounds it declares: score every candidate, as an unpruned step
             need = ~scored
             more = int(need.sum(-1).max())
@@ -163,7 +162,7 @@ def pruned_step(logits: torch.Tensor, plan: BatchPlan, score: Callable[..., dict
         needed = need.gather(1, extra)
         extra = torch.where(needed, extra, at[:, None])  # a row with fewer: its best again
         last = torch.cat([at[:, None], extra], dim=1)  # each row's best first: its sessions must hold the winner
-        active = torch.cat([torch.ones_like(needed[:, :1]), needed], dim=1) if ragged else None
+        active = torch.cat([torch.ones_like(needed[:, :1]), needed], dim=1)
     out = step_output(z, ids, plan, combined.masked_fill(~scored, float("-inf")), shaped, reward_sum, betas,
                       logits.shape[-1])
     out.tokens = sample(out.scores, plan.temperatures, plan.generators, plan.sampling, ids, q)
@@ -222,19 +221,13 @@ def _margin(best: torch.Tensor) -> torch.Tensor:
     return 1e-4 * (1.0 + best.abs().nan_to_num(posinf=0.0, neginf=0.0))
 
 
-def _enter(values: dict, scored: torch.Tensor, where: torch.Tensor, rho: dict,
-           active: torch.Tensor | None = None) -> None:
-    """Record the rewards ``rho`` ({key: [B, m]}) of candidates ``where`` [B, m] as scored; with ``active``, only
-    those it marks (a ragged round: the others were not scored, or repeat a row's best)."""
-    if active is not None:
-        at = (torch.arange(where.shape[0])[:, None].expand_as(where)[active], where[active])
-        for key, v in rho.items():
-            values[key][at] = v[active].to(values[key].device, values[key].dtype)
-        scored[at] = True
-        return
+def _enter(values: dict, scored: torch.Tensor, where: torch.Tensor, rho: dict, entered: torch.Tensor) -> None:
+    """Record the rewards ``rho`` ({key: [B, m]}) of candidates ``where`` [B, m] as scored where ``entered`` [B, m]
+    says (a ragged round: the rest were not scored, or repeat a row's best; a repeat otherwise has the same value)."""
+    at = (torch.arange(where.shape[0])[:, None].expand_as(where)[entered], where[entered])
     for key, v in rho.items():
-        values[key].scatter_(1, where, v.to(values[key].device, values[key].dtype))
-    scored.scatter_(1, where, True)
+        values[key][at] = v[entered].to(values[key].device, values[key].dtype)
+    scored[at] = True
 
 
 def _outside(values: dict, scored: torch.Tensor, bounds: dict) -> torch.Tensor:

@@ -68,31 +68,30 @@ def row_groups(counts: list[int], max_groups: int | None = None, forward_cost: f
     """
     max_groups = MAX_GROUPS if max_groups is None else max_groups
     forward_cost = FORWARD_COST if forward_cost is None else forward_cost
-    order = sorted(range(len(counts)), key=lambda b: counts[b])
-    need = [counts[b] for b in order]
-    n = len(need)
-    # best[g][j]: the least cost of the first j rows (in order of need) in g forwards, and where its last one starts
+    needs = sorted(set(counts))  # a cut between rows of equal need never pays: cut between distinct needs only
+    rows_upto = [0]
+    for need in needs:
+        rows_upto.append(rows_upto[-1] + counts.count(need))
+    n = len(needs)
+    # best[g][j]: the least cost of the rows of the first j needs in g forwards, and where its last one starts
     best = [[(0.0, 0)] + [(float("inf"), 0)] * n]
     for g in range(1, max_groups + 1):
-        row = [(float("inf"), 0)] * (n + 1)
-        for j in range(1, n + 1):
-            row[j] = min((best[g - 1][i][0] + (j - i) * need[j - 1] + forward_cost, i) for i in range(j))
-        best.append(row)
+        best.append([(float("inf"), 0)] + [
+            min((best[g - 1][i][0] + (rows_upto[j] - rows_upto[i]) * needs[j - 1] + forward_cost, i) for i in range(j))
+            for j in range(1, n + 1)])
     g = min(range(1, max_groups + 1), key=lambda g: best[g][n][0]) if n else 0
+    order = sorted(range(len(counts)), key=lambda b: counts[b])
     groups, j = [], n
     while g and j:
         i = best[g][j][1]
-        groups.append(order[i:j])
+        groups.append(order[rows_upto[i]:rows_upto[j]])
         g, j = g - 1, i
     return groups[::-1]
 
 
-class _Grouped:
+class _Grouped(list):
     """Pending blocks scored in groups of rows, each group its own forward over those rows' KV (the cache itself
-    unchanged): per group, its rows [G], the blocks each scored in order [G, w], and the forward's KV."""
-
-    def __init__(self):
-        self.groups: list[tuple[torch.Tensor, torch.Tensor, Any]] = []
+    unchanged): per group, ``(rows [G], the blocks each row scored in order [G, w], the forward's KV)``."""
 
 
 class SharedPrefixCache(ABC):
@@ -251,22 +250,25 @@ class SharedPrefixCache(ABC):
             got, kv = self._score_over(blocks.index_select(0, rows).gather(1, index),
                                        block_mask.index_select(0, rows).gather(1, index), rows)
             rewards[rows[:, None].expand_as(take)[real], take[real]] = got[real].float()
-            pending.groups.append((rows, take, kv))
+            pending.append((rows, take, kv))
         self._pending = (k, m, block_mask, pending)
         return rewards
 
-    def _keep_grouped(self, pending: _Grouped, choice: torch.Tensor, m: int) -> None:
-        """Commit a ragged score: each row's chosen block's columns, from its group's forward, after its cache."""
-        columns = None
-        for rows, take, kv in pending.groups:
-            hit = take == choice.index_select(0, rows)[:, None]
-            index = self.length + hit.long().argmax(-1)[:, None] * m + torch.arange(m, device=self.device)[None, :]
+    def _keep_grouped(self, pending: _Grouped, choice: torch.Tensor, m: int) -> torch.Tensor:
+        """Commit a ragged score: each row's chosen block's columns, from its group's forward, after its cache. A
+        row's inactive choice (a finished row's padding) keeps its first active block. Returns the blocks kept."""
+        columns, kept = None, choice.clone()
+        for rows, take, kv in pending:
+            at = (take == choice.index_select(0, rows)[:, None]).long().argmax(-1)  # no hit: 0, the first active
+            kept.index_copy_(0, rows, take.gather(1, at[:, None])[:, 0])
+            index = self.length + at[:, None] * m + torch.arange(m, device=self.device)[None, :]
             picked = [pick_columns(t, index) for t in kv]
             if columns is None:
                 columns = [p.new_zeros((self.mask.shape[0], *p.shape[1:])) for p in picked]
             for whole, part in zip(columns, picked):
                 whole.index_copy_(0, rows, part)
         self._keep_columns(columns)
+        return kept
 
     def commit_choice(self, choice: torch.Tensor) -> None:
         """Keep the KV of block ``choice[b]`` of the last :meth:`score_blocks` call for each row; drop the rest."""
@@ -280,8 +282,7 @@ class SharedPrefixCache(ABC):
             return
         choice = choice.to(self.device).long()
         if isinstance(kv, _Grouped):
-            choice = _first_active(kv, choice)
-            self._keep_grouped(kv, choice, m)
+            choice = self._keep_grouped(kv, choice, m)
         else:
             index = self.length + choice[:, None] * m + torch.arange(m, device=self.device)[None, :]  # [B, m]
             self._keep_block(kv, index)
@@ -340,16 +341,6 @@ class SharedPrefixCache(ABC):
         self._join_rows(other, pad_self, pad_other)
         self.mask = torch.cat([_left_pad(self.mask, pad_self), _left_pad(other.mask.to(self.device), pad_other)])
         self.next_pos = torch.cat([self.next_pos, other.next_pos.to(self.device)])
-
-
-def _first_active(pending: _Grouped, choice: torch.Tensor) -> torch.Tensor:
-    """``choice`` with each row's inactive choice (a finished row's padding) replaced by its first active block."""
-    choice = choice.clone()
-    for rows, take, _ in pending.groups:
-        mine = choice.index_select(0, rows)
-        scored = (take == mine[:, None]).any(-1)
-        choice.index_copy_(0, rows, torch.where(scored, mine, take[:, 0]))
-    return choice
 
 
 def _left_pad(mask: torch.Tensor, columns: int) -> torch.Tensor:

@@ -235,12 +235,12 @@ class OnnxScoringCache(SharedPrefixCache):
             raise ExportError(f"backend 'onnx' needs a RewardModel or an OnnxRewardModel, got {type(model).__name__}.")
         return cls(model, input_ids, attention_mask)
 
-    def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor):
-        return self.runtime.run(ids, position_ids, additive(allowed.cpu()).to(self.device), self.past)
+    def _forward(self, ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor, past=None):
+        past = self.past if past is None else past
+        return self.runtime.run(ids, position_ids, additive(allowed.cpu()).to(self.device), past)
 
     def _forward_rows(self, rows: torch.Tensor, ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor):
-        past = [t.index_select(0, rows.to(t.device)) for t in self.past]
-        return self.runtime.run(ids, position_ids, additive(allowed.cpu()).to(self.device), past)
+        return self._forward(ids, position_ids, allowed, [t.index_select(0, rows.to(t.device)) for t in self.past])
 
     def _keep_columns(self, columns: list[torch.Tensor]) -> None:
         self.past = [torch.cat([t, c.to(t.device)], dim=2) for t, c in zip(self.past, columns)]

@@ -33,17 +33,18 @@ class TorchScoringCache(SharedPrefixCache):
         self.append(input_ids, attention_mask)
 
     def _forward(self, ids, position_ids, allowed):
-        with torch.no_grad():
-            out = self.model(ids, attention_mask=additive(allowed, self.dtype).to(self.device),
-                             position_ids=position_ids, past_key_values=self.cache, use_cache=True)
-        return out.rewards, None  # the new KV is in self.cache already
+        return self._run(self.cache, ids, position_ids, allowed), None  # the new KV is in self.cache already
 
     def _forward_rows(self, rows, ids, position_ids, allowed):
         cache = cache_of_rows(self.cache, rows.to(self.device))
+        return (self._run(cache, ids, position_ids, allowed),
+                [t for layer in cache.layers for t in (layer.keys, layer.values)])
+
+    def _run(self, cache, ids, position_ids, allowed) -> torch.Tensor:
+        """The rewards [B, n] of ``ids`` over ``cache``, which the forward extends in place."""
         with torch.no_grad():
-            out = self.model(ids, attention_mask=additive(allowed, self.dtype).to(self.device),
-                             position_ids=position_ids, past_key_values=cache, use_cache=True)
-        return out.rewards, [t for layer in cache.layers for t in (layer.keys, layer.values)]
+            return self.model(ids, attention_mask=additive(allowed, self.dtype).to(self.device),
+                              position_ids=position_ids, past_key_values=cache, use_cache=True).rewards
 
     def _keep_columns(self, columns) -> None:
         columns = iter(columns)
