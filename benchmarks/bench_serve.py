@@ -159,8 +159,11 @@ class Server:
             env = tree_env(setup["tree"], env)
         self.cmd = [sys.executable, "-m", "steerkit", "serve", "--lm", "smollm2-135m-instruct", "--port", str(port),
                     "--max-running", str(max_running), "--max-queue", str(max(64, args.requests)), "--timeout", "0",
-                    "--log-level", "warning", "--engine", args.engine, "--backend", setup["backend"]] + (
-                        ["--compile"] if setup["compile"] else []) + ["--dtype", setup["dtype"]]
+                    "--log-level", "warning", "--backend", setup["backend"]] + (
+                        # only what differs from the defaults: a tree from before --engine/--dtype existed can run
+                        ["--engine", args.engine] if args.engine != "steerkit" else []) + (
+                        ["--compile"] if setup["compile"] else []) + (
+                        ["--dtype", setup["dtype"]] if setup["dtype"] != "float32" else [])
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nothing the server prints can block it
         # `python -m` puts the working directory first on sys.path, before PYTHONPATH: from a checkout's root it would
         # import that checkout's steerkit whatever the set-up's tree. So the server starts in its tree (or here).
