@@ -14,6 +14,7 @@ own loop, plain, Q4_1, greedy: issue 25's base for its ``toxicity`` ≤ 2× targ
     python benchmarks/bench_pruning.py                       # writes benchmarks/results/bench_pruning.json
     python benchmarks/bench_pruning.py --only "llama.cpp Q4_1, toxicity (onnx-int8), batch 1, greedy"
     python benchmarks/bench_pruning.py --batched --out benchmarks/results/bench_pruning_ragged.json  # batches only
+    python benchmarks/bench_pruning.py --only "steerkit F32, Gemma 3 270M, toxicity (torch, bridged), batch 16, sampled"
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def run(lm, prompts, batch: int, backend: str, do_sample: bool, tokens: int):
 
 
 def settings(llama_lm, hf, have_llama: bool) -> dict:
-    """label -> (lm, prompts, batch, backend, do_sample)."""
+    """label -> (lm, prompts, batch, backend, do_sample); lm None: Gemma 3 270M (another tokenizer family than the
+    reward's: its sessions bridge, re-tokenizing each candidate's text), loaded only when its setting runs."""
     few = PROMPTS[:3]
     out = {}
     if have_llama:
@@ -89,6 +91,8 @@ def settings(llama_lm, hf, have_llama: bool) -> dict:
     for batch in (4, 16):
         out[f"steerkit F32, toxicity (torch), batch {batch}, sampled"] = (hf, MORE_PROMPTS, batch, "torch", True)
     out["steerkit F32, toxicity (onnx-int8), batch 16, sampled"] = (hf, MORE_PROMPTS, 16, "onnx-int8", True)
+    out["steerkit F32, Gemma 3 270M, toxicity (torch, bridged), batch 16, sampled"] = (
+        None, MORE_PROMPTS, 16, "torch", True)
     return out
 
 
@@ -127,6 +131,9 @@ def main() -> None:
         chosen = {k: v for k, v in chosen.items() if k in args.only}
     if args.batched:
         chosen = {k: v for k, v in chosen.items() if v[2] > 1}
+    for label, (lm, *rest) in list(chosen.items()):
+        if lm is None:  # Gemma 3 270M (the bridged setting): loaded only when its setting runs
+            chosen[label] = (load_causal_lm_cached("gemma3-270m")[:2], *rest)
     counter = Counter()
 
     def measured(label, mode):

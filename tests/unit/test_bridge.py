@@ -26,9 +26,13 @@ def families():
     return {"bpe": make_tokenizer(kind="bpe"), "metaspace": make_tokenizer(kind="metaspace", vocab_size=350)}
 
 
-def drive(session, lm_tok, rm, texts, prefixes, *, k=8, seed=0, force_every=0, tol=1e-4):
+def drive(session, lm_tok, rm, texts, prefixes, *, k=8, seed=0, force_every=0, tol=1e-4, ragged=False):
     """Feed LM-tokenized ``texts`` through ``session`` one token per step; compare every candidate's reward
-    with scoring ``prefix + decode(ids so far + candidate)`` from scratch. Returns the number of steps."""
+    with scoring ``prefix + decode(ids so far + candidate)`` from scratch. Returns the number of steps.
+
+    ``ragged``: each step marks some candidates ``active`` (the committed one among them, but where a step forces a
+    token, and every fifth step none of row 0's: it is read as its first); those alone must equal scoring from
+    scratch, the others score 0."""
     ids = [lm_tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     B, steps = len(texts), max(len(x) for x in ids)
     pad, eos = lm_tok.pad_token_id, lm_tok.eos_token_id
@@ -44,11 +48,20 @@ def drive(session, lm_tok, rm, texts, prefixes, *, k=8, seed=0, force_every=0, t
             cands[:, 0] = torch.tensor(nxt)
         cands[:, 1] = eos  # a special token decodes to nothing
         cands = cands[:, torch.randperm(k, generator=g)]
-        got = session.score(cands)
+        read = torch.ones((B, k), dtype=torch.bool)
+        if ragged:
+            read = (torch.rand((B, k), generator=g) < 0.3) | (cands == torch.tensor(nxt)[:, None])
+            if t % 5 == 4:
+                read[0] = False
+            got = session.score(cands, active=read)
+            read[~read.any(-1), 0] = True
+            assert (got[~read] == 0).all()
+        else:
+            got = session.score(cands)
         texts_now = [prefixes[b] + lm_tok.decode(done[b] + [c], skip_special_tokens=True)
                      for b in range(B) for c in cands[b].tolist()]
         want = torch.tensor(rm.score_texts(texts_now)).view(B, k)
-        diff = (got - want).abs().max().item()
+        diff = (got - want)[read].abs().max().item()
         assert diff <= tol, f"step {t}: reward differs by {diff:.2e} from scoring the decoded text from scratch"
         session.commit(torch.tensor(nxt))
         for b in range(B):
@@ -98,6 +111,30 @@ def test_random_text_fuzz(families, lm_kind, rm_kind):
         session = RewardModelScorer(rm).start(["", "", ""], families[lm_kind])
         drive(session, families[lm_kind], rm, texts, ["", "", ""], k=rnd.choice([2, 5, 12]), seed=seed,
               force_every=rnd.choice([0, 4, 6]))
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx", "llama.cpp"])
+@pytest.mark.parametrize("lm_kind,rm_kind", [("bpe", "metaspace"), ("metaspace", "bpe")])
+def test_ragged_rounds_score_only_the_active_candidates(families, lm_kind, rm_kind, backend, tmp_path, monkeypatch):
+    """A pruned step's round hands the bridged session each row's own candidates (``active``): only those are
+    decoded, re-tokenized and scored, each exactly as from scratch, with forced tokens, finished rows and a row with
+    none active among them; the session stays exact over a whole text."""
+    if backend == "onnx":
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnx")
+    if backend == "llama.cpp":
+        pytest.importorskip("llama_cpp", reason='llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" '
+                            'pip install -e ".[llama-cpp]" (a source build, about 5 minutes here)')
+    monkeypatch.setenv("STEERKIT_CACHE", str(tmp_path))  # the onnx and GGUF exports of the tiny reward
+    lm_tok, rm = families[lm_kind], tiny_reward(families[rm_kind], seed=9)
+    session = RewardModelScorer(rm, backend=backend, context="full").start(PREFIXES, lm_tok)
+    assert isinstance(session, BridgedSession) and session.ragged
+    decoded = []  # candidates whose text was worked out, per call
+    extensions = session._extensions
+    session._extensions = lambda rows, cands: decoded.append(sum(map(len, cands))) or extensions(rows, cands)
+    steps = drive(session, lm_tok, rm, TEXTS, PREFIXES, k=10, force_every=7, ragged=True)
+    assert steps >= 20
+    assert sum(decoded) < 0.6 * 10 * len(TEXTS) * steps, (sum(decoded), steps)  # not all k a row and step
 
 
 def test_same_vocabulary_uses_the_plain_session(families):

@@ -107,11 +107,19 @@ def test_one_row_scores_few_candidates_where_the_bounds_rule_them_out(monkeypatc
     assert reward.scored <= 0.5 * every, (reward.scored, every)
 
 
+@pytest.mark.parametrize("family", ["same", "bridged"])
 @pytest.mark.parametrize("do_sample", [False, True])
-def test_a_batch_hands_each_row_its_own_candidates(monkeypatch, parts, peaked, do_sample):
+def test_a_batch_hands_each_row_its_own_candidates(monkeypatch, parts, peaked, do_sample, family):
     """Eight rows: the torch cache scores each row only on the candidates it needs (ragged), not all as many as the
-    neediest row's; the tokens are those of the padded pruned step and of the unpruned one."""
+    neediest row's; the tokens are those of the padded pruned step and of the unpruned one. ``bridged``: a reward
+    model of another tokenizer family (its session re-tokenizes each candidate's text: BridgedSession)."""
+    from steerkit.rewards.sequence.bridge import BridgedSession
+
     tokenizer, _, rm = parts
+    if family == "bridged":
+        rm = tiny_reward(make_tokenizer(kind="metaspace", vocab_size=350), seed=6)
+        session = RewardModelScorer(rm).start(["a"], tokenizer)
+        assert isinstance(session, BridgedSession) and session.ragged
     prompts = ["The movie was", "You are", "a b c", "x", "I think", "b a", "the the", "no"]
     kw = dict(prompts=prompts, k=16, do_sample=do_sample, eos_token_id=[])
     got, scored = {}, {}

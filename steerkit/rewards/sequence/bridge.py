@@ -25,7 +25,10 @@ from scratch for k candidates at every step costs O(k·L); this session keeps it
   appending the right tokens, so the cache always equals a from-scratch tokenization of ``T[:S]``.
 
 The per-row work that remains is string work the tokenizers need anyway (batched decode and encode
-calls); the model runs one forward per step for all B·k candidates, as in the same-tokenizer case.
+calls); the model runs one forward per step for all B·k candidates, as in the same-tokenizer case. Where the
+cache scores ragged (torch, onnxruntime, llama.cpp: :attr:`BridgedSession.ragged`), a pruned step's round hands
+each row only the candidates it needs (``active``): only their texts are decoded and re-tokenized, and only their
+blocks run, in groups of rows of like need (:meth:`~steerkit.rewards.cache.SharedPrefixCache.score_blocks`).
 """
 
 from __future__ import annotations
@@ -192,44 +195,71 @@ class BridgedSession:
             self.cache.rollback(counts)
 
     # -- session API --------------------------------------------------------------------------------
-    def score(self, candidates: torch.Tensor) -> torch.Tensor:
+    @property
+    def ragged(self) -> bool:
+        """Whether :meth:`score` scores each row only on the candidates ``active`` marks (the cache's
+        ``scores_ragged``): their texts alone are decoded and re-tokenized, their blocks alone run."""
+        return bool(getattr(self.cache, "scores_ragged", False))
+
+    def score(self, candidates: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
+        """Rewards [B, k] of the candidates [B, k]; ``active`` [B, k]: the ones the caller reads, for a
+        :attr:`ragged` session (the others score 0 and are not chosen; a row with none is read as its first)."""
         B, k = candidates.shape
         cands = candidates.tolist()
         rows = list(range(B))
-        ext = self._extensions(rows, cands)
+        if active is not None and self.ragged:
+            need = active.to("cpu").bool().clone()
+            need[~need.any(-1), 0] = True
+        else:
+            active, need = None, torch.ones((B, k), dtype=torch.bool)
+        wanted = [[j for j, flag in enumerate(row) if flag] for row in need.tolist()]  # the candidates to score
+        got = self._extensions(rows, [[cands[b][j] for j in wanted[b]] for b in rows])
+        ext: list[list] = [[None] * k for _ in rows]  # (characters replaced, text appended): needed candidates only
+        for b in rows:
+            for j, e in zip(wanted[b], got[b]):
+                ext[b][j] = e
         # a candidate that rewrites text before the stable boundary (never expected) forces a full re-encode
-        bad = [b for b in rows if max(d for d, _ in ext[b]) > len(self.texts[b]) - self.stable[b]]
+        bad = [b for b in rows if max(ext[b][j][0] for j in wanted[b]) > len(self.texts[b]) - self.stable[b]]
         if bad:
             self._retreat(bad)
-        new_texts, block_texts = [], []
+        new_texts: list[list] = [[None] * k for _ in rows]
+        spots, block_texts = [], []
         for b in rows:
             T, S = self.texts[b], self.stable[b]
             tail = T[S:]
-            new_texts.append([T[: len(T) - d] + a for d, a in ext[b]])
-            block_texts += [tail[: len(tail) - d] + a for d, a in ext[b]]
-        blocks = self._rm_encode(block_texts)
-        m = max(1, max(len(x) for x in blocks))
-        ids = torch.full((B * k, m), self.rm_pad_id, dtype=torch.long)
-        mask = torch.zeros((B * k, m), dtype=torch.bool)
-        for i, x in enumerate(blocks):
+            for j in wanted[b]:
+                d, a = ext[b][j]
+                new_texts[b][j] = T[: len(T) - d] + a
+                spots.append((b, j))
+                block_texts.append(tail[: len(tail) - d] + a)
+        blocks: list[list] = [[[] for _ in range(k)] for _ in rows]  # RM tokens after the boundary, per candidate
+        for (b, j), x in zip(spots, self._rm_encode(block_texts)):
+            blocks[b][j] = x
+        m = max(1, max(len(x) for row in blocks for x in row))
+        ids = torch.full((B, k, m), self.rm_pad_id, dtype=torch.long)
+        mask = torch.zeros((B, k, m), dtype=torch.bool)
+        for b, j in spots:
+            x = blocks[b][j]
             if x:
-                ids[i, : len(x)] = torch.tensor(x, dtype=torch.long)
-                mask[i, : len(x)] = True
-        rewards = self.cache.score_blocks(ids.view(B, k, m), mask.view(B, k, m)).float()
-        empty = [i for i, x in enumerate(blocks) if not x]
+                ids[b, j, : len(x)] = torch.tensor(x, dtype=torch.long)
+                mask[b, j, : len(x)] = True
+        rewards = (self.cache.score_blocks(ids, mask).float() if active is None
+                   else self.cache.score_blocks(ids, mask, need).float().masked_fill(~need, 0.0))
+        empty = [(b, j) for b, j in spots if not blocks[b][j]]
         if empty:  # nothing after the boundary: the reward of the cached prefix itself (only when T is "")
-            flat = rewards.view(-1)
             textless = []
-            for i in empty:
-                text = new_texts[i // k][i % k]
+            for b, j in empty:
+                text = new_texts[b][j]
                 if text or self.model.config.start_token_id is not None:
-                    flat[i] = self._empty_reward(text)
+                    rewards[b, j] = self._empty_reward(text)
                 else:
-                    textless.append(i)
+                    textless.append((b, j))
             if textless:
-                _neutral_rewards(flat, textless, k)
-        self._pending = {"candidates": cands, "texts": new_texts,
-                         "blocks": [blocks[b * k:(b + 1) * k] for b in rows]}
+                _neutral_rewards(rewards, textless, need)
+        # what commit() keeps for a row whose token was no candidate (a finished row's padding, a forced token): the
+        # cache's own choice then, the row's first scored block
+        first = need.long().argmax(-1).tolist()
+        self._pending = {"candidates": cands, "texts": new_texts, "blocks": blocks, "first": first, "need": need}
         return rewards
 
     def _empty_reward(self, text: str) -> float:
@@ -244,10 +274,11 @@ class BridgedSession:
         choice, kept, tails = [0] * B, [[] for _ in range(B)], {}
         forced, idle = [], []
         for b, t in enumerate(toks):
-            if pending is not None:
-                kept[b] = pending["blocks"][b][0]
-            if pending is not None and t in pending["candidates"][b]:
-                j = pending["candidates"][b].index(t)
+            if pending is not None:  # the block the cache keeps for a token that was no scored candidate
+                choice[b] = pending["first"][b]
+                kept[b] = pending["blocks"][b][choice[b]]
+            j = _scored_index(pending, b, t)
+            if j is not None:
                 choice[b], kept[b] = j, pending["blocks"][b][j]
                 self.texts[b] = pending["texts"][b][j]
                 self.lm_ids[b].append(t)
@@ -328,20 +359,31 @@ class BridgedSession:
     _ROW_STATE = ("prefixes", "texts", "lm_ids", "stable", "cached")
 
 
-def _neutral_rewards(flat: torch.Tensor, textless: list[int], k: int) -> None:
+def _neutral_rewards(rewards: torch.Tensor, textless: list[tuple[int, int]], scored: torch.Tensor) -> None:
     """Rewards for candidates that leave the text empty, under a reward model without a start token.
 
     Such a model reads nothing for an empty text, so it has no reward (``score_texts`` refuses one). It can only
     happen at a step whose committed text is empty (continuation-only scoring, first step) and for a candidate
     that decodes to no text (an end-of-text or other special token). Rather than stop decoding, each such
-    candidate gets the mean reward of its row's other candidates (0.5 when there are none), so the reward neither
-    favours nor penalises it against them. ``flat`` [B·k] is updated in place.
+    candidate gets the mean reward of its row's other scored candidates (``scored`` [B, k]; 0.5 when there are
+    none), so the reward neither favours nor penalises it against them. ``rewards`` [B, k] (``textless``: its
+    (row, candidate) pairs) is updated in place.
     """
     missing = set(textless)
-    for i in textless:
-        row = range(i - i % k, i - i % k + k)
-        others = [j for j in row if j not in missing]
-        flat[i] = flat[others].mean() if others else 0.5
+    for b, j in textless:
+        others = [i for i in range(rewards.shape[1]) if scored[b, i] and (b, i) not in missing]
+        rewards[b, j] = rewards[b, others].mean() if others else 0.5
+
+
+def _scored_index(pending: dict | None, b: int, token: int) -> int | None:
+    """Where ``token`` is among row ``b``'s scored candidates of ``pending`` (a :meth:`BridgedSession.score`), else
+    None."""
+    if pending is None:
+        return None
+    for j, (candidate, scored) in enumerate(zip(pending["candidates"][b], pending["need"][b].tolist())):
+        if candidate == token and scored:
+            return j
+    return None
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
