@@ -41,6 +41,36 @@ def smol_rm(tmp_path_factory):
     return rm, rm.save_pretrained(tmp_path_factory.mktemp("smolrm") / "rm")
 
 
+def drive(session, tok, rm, texts, prefixes, k=6):
+    """Commit Gemma's tokens of ``texts`` one a step, scoring ``k`` candidates each step (the real next token, a
+    plausible word piece, random ids) and checking every reward against scoring the decoded text from scratch.
+    Returns each step's widest candidate block (reward-model tokens)."""
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    g = torch.Generator().manual_seed(0)
+    done, widths = [[] for _ in texts], []
+    score_blocks = session.cache.score_blocks
+    session.cache.score_blocks = lambda blocks, mask, *a: widths.append(int(mask.sum(-1).max())) or score_blocks(
+        blocks, mask, *a)
+    steps = max(len(x) for x in ids)
+    assert steps >= 20
+    for t in range(steps):
+        nxt = [x[t] if t < len(x) else tok.pad_token_id for x in ids]
+        cands = torch.randint(0, len(tok), (len(texts), k), generator=g)
+        cands[:, 0] = torch.tensor(nxt)
+        cands[:, 1] = torch.tensor(ids[0][(t + 1) % len(ids[0])])  # a plausible-looking word piece
+        got = session.score(cands)
+        scratch = [prefixes[b] + tok.decode(done[b] + [c], skip_special_tokens=True)
+                   for b in range(len(texts)) for c in cands[b].tolist()]
+        want = torch.tensor(rm.score_texts(scratch)).view(len(texts), k)
+        assert (got - want).abs().max().item() <= 1e-4, (t, scratch)
+        session.commit(torch.tensor(nxt))
+        for b, x in enumerate(ids):
+            if t < len(x):
+                done[b].append(nxt[b])
+    assert session.texts == [p + t for p, t in zip(prefixes, texts)]
+    return widths
+
+
 def test_gemma_lm_smollm2_rm_rewards_equal_scoring_from_scratch(gemma, smol_rm):
     from steerkit.rewards.sequence.bridge import BridgedSession
     from steerkit.rewards.sequence.scorer import RewardModelScorer
@@ -53,26 +83,29 @@ def test_gemma_lm_smollm2_rm_rewards_equal_scoring_from_scratch(gemma, smol_rm):
     for context, prefixes in [("continuation", ["", ""]), ("full", ["Write: ", "Then"])]:
         session = RewardModelScorer(rm, context=context).start(prefixes, tok)
         assert isinstance(session, BridgedSession)
-        g = torch.Generator().manual_seed(0)
-        done = [[], []]
-        k = 6
-        steps = max(len(x) for x in ids)
-        assert steps >= 20
-        for t in range(steps):
-            nxt = [ids[b][t] if t < len(ids[b]) else tok.pad_token_id for b in range(2)]
-            cands = torch.randint(0, len(tok), (2, k), generator=g)
-            cands[:, 0] = torch.tensor(nxt)
-            cands[:, 1] = torch.tensor(ids[0][(t + 1) % len(ids[0])])  # a plausible-looking word piece
-            got = session.score(cands)
-            texts = [prefixes[b] + tok.decode(done[b] + [c], skip_special_tokens=True)
-                     for b in range(2) for c in cands[b].tolist()]
-            want = torch.tensor(rm.score_texts(texts)).view(2, k)
-            assert (got - want).abs().max().item() <= 1e-4, (context, t, texts)
-            session.commit(torch.tensor(nxt))
-            for b in range(2):
-                if t < len(ids[b]):
-                    done[b].append(nxt[b])
-        assert session.texts == [p + t for p, t in zip(prefixes, TEXTS)]
+        drive(session, tok, rm, TEXTS, prefixes)
+
+
+def test_text_without_whitespace_keeps_the_blocks_short(gemma, smol_rm, monkeypatch):
+    """Text with no whitespace for a long stretch (a URL, code, a repeated markup token, Chinese with punctuation):
+    once the text after its boundary passes ``max_tail`` reward tokens, the bridge settles where one of the reward
+    tokenizer's pre-tokens starts, so a candidate's block stays short instead of growing with the text, and every
+    reward still equals scoring from scratch."""
+    from steerkit.rewards.sequence.bridge import BridgedSession
+    from steerkit.rewards.sequence.scorer import RewardModelScorer
+
+    _, tok = gemma
+    rm, _ = smol_rm
+    texts = ["https://example.com/a/very/long/path/to/some/resource?with=query&and=more&keys=values#frag",
+             "<start_of_image>" * 6 + "foo_bar.baz(qux)[0]->next->next;" + "没有空格的中文句子，很长，很长很长的句子。"]
+    assert min(len(rm.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts) >= 30
+    widths = {}
+    for label, cap in [("whitespace only", 10 ** 9), ("default", BridgedSession.max_tail)]:
+        monkeypatch.setattr(BridgedSession, "max_tail", cap)
+        session = RewardModelScorer(rm, context="full").start(["", "Then"], tok)
+        widths[label] = drive(session, tok, rm, texts, ["", "Then"])
+    assert max(widths["whitespace only"]) >= 80  # the block held the whole text
+    assert max(widths["default"]) <= 40 and 2 * max(widths["default"]) < max(widths["whitespace only"]), widths
 
 
 def test_generate_gemma_with_smollm2_reward_traces_exact_rewards(gemma, smol_rm):

@@ -137,6 +137,28 @@ def test_ragged_rounds_score_only_the_active_candidates(families, lm_kind, rm_ki
     assert sum(decoded) < 0.6 * 10 * len(TEXTS) * steps, (sum(decoded), steps)  # not all k a row and step
 
 
+@pytest.mark.parametrize("lm_kind", ["metaspace", "other bpe"])
+def test_a_long_run_without_whitespace_settles_at_other_clean_splits(families, lm_kind, monkeypatch):
+    """A byte-level reward tokenizer behind text with no whitespace (markup, a URL): past ``max_tail`` tokens after
+    the boundary the session settles at another split that re-tokenizes cleanly, so its blocks stop growing with the
+    text; every reward stays equal to scoring from scratch."""
+    texts = ["<x><y>" * 6 + "http://ab.cd/e/f?g=h", "a.b.c/d-e_f" * 3]
+    rm = tiny_reward(families["bpe"], seed=3)
+    lm_tok = families["metaspace"] if lm_kind == "metaspace" else make_tokenizer(kind="bpe", vocab_size=420)
+    widths = {}
+    for cap in (10 ** 9, BridgedSession.max_tail):
+        monkeypatch.setattr(BridgedSession, "max_tail", cap)
+        session = RewardModelScorer(rm, context="full").start(["", "p"], lm_tok)
+        assert isinstance(session, BridgedSession)
+        seen = widths[cap] = []
+        score_blocks = session.cache.score_blocks
+        session.cache.score_blocks = lambda ids, mask, *a: seen.append(int(mask.sum(-1).max())) or score_blocks(
+            ids, mask, *a)
+        drive(session, lm_tok, rm, texts, ["", "p"], k=4, force_every=5)
+    assert max(widths[10 ** 9]) >= 40
+    assert max(widths[BridgedSession.max_tail]) <= BridgedSession.max_tail + 8, widths
+
+
 def test_same_vocabulary_uses_the_plain_session(families):
     rm = tiny_reward(families["bpe"])
     assert isinstance(RewardModelScorer(rm).start(["a"], families["bpe"]), SameTokenizerSession)

@@ -9,7 +9,9 @@ from scratch for k candidates at every step costs O(k·L); this session keeps it
   by a non-space character, chosen so that re-tokenizing confirms the split:
   ``rm(T[P:S]) + rm(T[S:]) == rm(T[P:])`` (``P`` the previous boundary, ``T`` the committed text).
   Pre-tokenizers of the byte-level BPE and SentencePiece/Metaspace families never merge across such a
-  boundary, so text appended later cannot change the tokens before it.
+  boundary, so text appended later cannot change the tokens before it. Past ``max_tail`` RM tokens after ``S``
+  (code, a URL, markup: no whitespace), ``S`` may also be where one of the RM pre-tokenizer's pieces starts, away
+  from whitespace (byte-level BPE's split between letters and punctuation), which appended text cannot move either.
 * **Candidates.** The text after ``S`` (the *unstable tail*) plus each candidate's text is re-tokenized
   with the RM tokenizer and the k results are scored as k blocks in one shared-prefix forward
   (:meth:`ScoringCache.score_blocks`): each block sees the cached prefix and itself.
@@ -25,10 +27,9 @@ from scratch for k candidates at every step costs O(k·L); this session keeps it
   appending the right tokens, so the cache always equals a from-scratch tokenization of ``T[:S]``.
 
 The per-row work that remains is string work the tokenizers need anyway (batched decode and encode
-calls); the model runs one forward per step for all B·k candidates, as in the same-tokenizer case. Where the
-cache scores ragged (torch, onnxruntime, llama.cpp: :attr:`BridgedSession.ragged`), a pruned step's round hands
-each row only the candidates it needs (``active``): only their texts are decoded and re-tokenized, and only their
-blocks run, in groups of rows of like need (:meth:`~steerkit.rewards.cache.SharedPrefixCache.score_blocks`).
+calls); the model runs one forward per step for all B·k candidates, as in the same-tokenizer case. Where the cache
+scores ragged (:attr:`BridgedSession.ragged`), a pruned round's ``active`` candidates alone are decoded, re-tokenized
+and run, in the cache's row groups.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ class BridgedSession:
     window = 4
     #: most recent whitespace boundaries tried per commit when advancing the stable boundary
     max_boundary_tries = 3
+    #: reward-model tokens after the boundary past which the starts of the reward tokenizer's pre-tokens are tried
+    #: too (:meth:`_pretoken_starts`; text without whitespace: code, a URL, repeated markup), so that the candidates'
+    #: blocks do not grow with the text; at least ``tail_keep`` characters stay after such a boundary
+    max_tail, tail_keep = 16, 8
 
     def __init__(self, scorer, texts: list[str], lm_tokenizer):
         self.scorer = scorer
@@ -168,8 +173,13 @@ class BridgedSession:
         for b in rows:
             text, start = self.texts[b], self.stable[b]
             tail = text[start:].rstrip(REPLACEMENT)
-            spots = [start + m.start() for m in _BOUNDARY.finditer(tail)]
-            trials += [(b, s) for s in reversed(spots[-self.max_boundary_tries:])]
+            spots = [start + m.start() for m in _BOUNDARY.finditer(tail)][::-1][:self.max_boundary_tries]
+            if len(tails[b]) > self.max_tail:  # a long tail: also where the reward tokenizer's pre-tokens start
+                end = start + len(tail) - self.tail_keep
+                near = [s for s in spots if s >= end]  # whitespace near the end: preferred
+                late = [start + a for a in self._pretoken_starts(tail)[::-1] if start + a <= end][:8]
+                spots = near + late + [s for s in spots if s < end]
+            trials += [(b, s) for s in spots]
         pieces = []
         for b, s in trials:
             pieces += [self.texts[b][self.stable[b]:s], self.texts[b][s:]]
@@ -184,6 +194,16 @@ class BridgedSession:
                 result[b] = (s, head)
                 done.add(b)
         return result
+
+    def _pretoken_starts(self, text: str) -> list[int]:
+        """Where in ``text`` a pre-token of the reward tokenizer starts (e.g. byte-level BPE's split between letters
+        and punctuation), but the first and the last, away from whitespace: splits that text appended later cannot
+        move (none without a pre-tokenizer; a SentencePiece-style one splits at whitespace only)."""
+        pre = getattr(getattr(self.rm_tokenizer, "backend_tokenizer", None), "pre_tokenizer", None)
+        if pre is None:
+            return []
+        starts = [a for _, (a, _) in pre.pre_tokenize_str(text)][1:-1]
+        return [a for a in starts if not text[a - 1].isspace() and not text[a].isspace()]
 
     def _retreat(self, rows: list[int], extra: list[int] | None = None) -> None:
         """Drop rows' whole stable part from the cache (fallback when the committed prefix changed)."""
@@ -214,10 +234,7 @@ class BridgedSession:
             active, need = None, torch.ones((B, k), dtype=torch.bool)
         wanted = [[j for j, flag in enumerate(row) if flag] for row in need.tolist()]  # the candidates to score
         got = self._extensions(rows, [[cands[b][j] for j in wanted[b]] for b in rows])
-        ext: list[list] = [[None] * k for _ in rows]  # (characters replaced, text appended): needed candidates only
-        for b in rows:
-            for j, e in zip(wanted[b], got[b]):
-                ext[b][j] = e
+        ext = [dict(zip(wanted[b], got[b])) for b in rows]  # j -> (characters replaced, text appended)
         # a candidate that rewrites text before the stable boundary (never expected) forces a full re-encode
         bad = [b for b in rows if max(ext[b][j][0] for j in wanted[b]) > len(self.texts[b]) - self.stable[b]]
         if bad:
@@ -239,10 +256,8 @@ class BridgedSession:
         ids = torch.full((B, k, m), self.rm_pad_id, dtype=torch.long)
         mask = torch.zeros((B, k, m), dtype=torch.bool)
         for b, j in spots:
-            x = blocks[b][j]
-            if x:
-                ids[b, j, : len(x)] = torch.tensor(x, dtype=torch.long)
-                mask[b, j, : len(x)] = True
+            ids[b, j, :len(blocks[b][j])] = torch.tensor(blocks[b][j], dtype=torch.long)
+            mask[b, j, :len(blocks[b][j])] = True
         rewards = (self.cache.score_blocks(ids, mask).float() if active is None
                    else self.cache.score_blocks(ids, mask, need).float().masked_fill(~need, 0.0))
         empty = [(b, j) for b, j in spots if not blocks[b][j]]
@@ -376,20 +391,10 @@ def _neutral_rewards(rewards: torch.Tensor, textless: list[tuple[int, int]], sco
 
 
 def _scored_index(pending: dict | None, b: int, token: int) -> int | None:
-    """Where ``token`` is among row ``b``'s scored candidates of ``pending`` (a :meth:`BridgedSession.score`), else
-    None."""
-    if pending is None:
-        return None
-    for j, (candidate, scored) in enumerate(zip(pending["candidates"][b], pending["need"][b].tolist())):
-        if candidate == token and scored:
-            return j
-    return None
+    """Where ``token`` is among row ``b``'s scored candidates of ``pending`` (a :meth:`BridgedSession.score`)."""
+    row = [] if pending is None else zip(pending["candidates"][b], pending["need"][b].tolist())
+    return next((j for j, (candidate, scored) in enumerate(row) if scored and candidate == token), None)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
