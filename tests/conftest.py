@@ -73,6 +73,21 @@ def shipped_reward_on_smollm2(name: str):
     return model, tokenizer, reward
 
 
+#: why a test of the llama.cpp paths is skipped where llama-cpp-python is absent
+NO_LLAMA_CPP = ('llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" pip install -e ".[llama-cpp]" '
+                '(a source build, about 5 minutes here)')
+
+
+def require_backend(backend: str) -> None:
+    """Skip the calling test, saying what to install, where a reward backend's runtime is absent (``onnx...``:
+    onnxruntime and onnx; ``llama.cpp...``: llama-cpp-python)."""
+    if backend.startswith("onnx"):
+        pytest.importorskip("onnxruntime")
+        pytest.importorskip("onnx")
+    elif backend.startswith("llama.cpp"):
+        pytest.importorskip("llama_cpp", reason=NO_LLAMA_CPP)
+
+
 def generate_cli(*args: str, timeout: int = 300):
     """``steerkit generate ARGS`` in a subprocess (no progress bars); its ``CompletedProcess``."""
     import subprocess

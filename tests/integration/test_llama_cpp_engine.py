@@ -22,12 +22,10 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import generate_cli, requires_smollm2
+from conftest import NO_LLAMA_CPP, generate_cli, requires_smollm2
 from serve_support import queued_tokens
 
-llama_cpp = pytest.importorskip(
-    "llama_cpp", reason='llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" pip install '
-    '-e ".[llama-cpp]" (a source build, about 5 minutes here)')
+llama_cpp = pytest.importorskip("llama_cpp", reason=NO_LLAMA_CPP)
 
 pytestmark = [pytest.mark.integration, requires_smollm2, pytest.mark.slow, pytest.mark.timeout(900)]
 

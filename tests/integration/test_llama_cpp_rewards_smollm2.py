@@ -11,13 +11,11 @@ import pytest
 import torch
 
 import steerkit
-from conftest import requires_smollm2
+from conftest import NO_LLAMA_CPP, requires_smollm2
 from steerkit import load_tokenizer
 from steerkit.rewards.loading import load_reward
 
-llama_cpp = pytest.importorskip(
-    "llama_cpp", reason='llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" pip install '
-    '-e ".[llama-cpp]" (a source build, about 5 minutes here)')
+llama_cpp = pytest.importorskip("llama_cpp", reason=NO_LLAMA_CPP)
 
 pytestmark = [pytest.mark.integration, requires_smollm2, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import require_backend
 from tiny import make_tokenizer, tiny_lm, tiny_reward
 
 from steerkit.rewards.sequence.bridge import BridgedSession
@@ -119,12 +120,7 @@ def test_ragged_rounds_score_only_the_active_candidates(families, lm_kind, rm_ki
     """A pruned step's round hands the bridged session each row's own candidates (``active``): only those are
     decoded, re-tokenized and scored, each exactly as from scratch, with forced tokens, finished rows and a row with
     none active among them; the session stays exact over a whole text."""
-    if backend == "onnx":
-        pytest.importorskip("onnxruntime")
-        pytest.importorskip("onnx")
-    if backend == "llama.cpp":
-        pytest.importorskip("llama_cpp", reason='llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" '
-                            'pip install -e ".[llama-cpp]" (a source build, about 5 minutes here)')
+    require_backend(backend)
     monkeypatch.setenv("STEERKIT_CACHE", str(tmp_path))  # the onnx and GGUF exports of the tiny reward
     lm_tok, rm = families[lm_kind], tiny_reward(families[rm_kind], seed=9)
     session = RewardModelScorer(rm, backend=backend, context="full").start(PREFIXES, lm_tok)

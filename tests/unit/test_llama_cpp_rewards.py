@@ -17,10 +17,9 @@ import steerkit
 from steerkit.errors import ExportError, SteerkitError
 from steerkit.rewards.sequence.torch_cache import TorchScoringCache
 from steerkit.testing import tiny_lm, tiny_reward
+from conftest import NO_LLAMA_CPP
 
-llama_cpp = pytest.importorskip(
-    "llama_cpp", reason='llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" pip install '
-    '-e ".[llama-cpp]" (a source build, about 5 minutes here)')
+llama_cpp = pytest.importorskip("llama_cpp", reason=NO_LLAMA_CPP)
 
 from steerkit.rewards.llama_cpp.export import UnsupportedBackboneError, cache_path  # noqa: E402
 from steerkit.rewards.llama_cpp.model import LlamaCppRewardModel, LlamaCppScoringCache  # noqa: E402

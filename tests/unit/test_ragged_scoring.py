@@ -8,6 +8,7 @@ import itertools
 import pytest
 import torch
 
+from conftest import require_backend
 from steerkit.rewards.cache import row_groups
 from steerkit.rewards.sequence.scorer import RewardModelScorer
 
@@ -23,12 +24,7 @@ def steerkit_cache(tmp_path_factory):
 
 def sessions(reward_model, tokenizer, backend: str):
     """Two sessions of the same reward over the same rows: one scored ragged, one on every block."""
-    if backend == "onnx":
-        pytest.importorskip("onnxruntime")
-        pytest.importorskip("onnx")
-    if backend == "llama.cpp":
-        pytest.importorskip("llama_cpp", reason='llama-cpp-python is not installed: CMAKE_ARGS="-DGGML_NATIVE=ON" '
-                            'pip install -e ".[llama-cpp]" (a source build, about 5 minutes here)')
+    require_backend(backend)
     reward = RewardModelScorer(reward_model, backend=backend, context="full")
     return reward.start(PREFIXES, tokenizer), reward.start(PREFIXES, tokenizer)
 
