@@ -258,6 +258,7 @@ class BridgedSession:
         for b, j in spots:
             ids[b, j, :len(blocks[b][j])] = torch.tensor(blocks[b][j], dtype=torch.long)
             mask[b, j, :len(blocks[b][j])] = True
+        # a cache of the two-argument ScoringCache contract is only handed `active` where it scores ragged
         rewards = (self.cache.score_blocks(ids, mask).float() if active is None
                    else self.cache.score_blocks(ids, mask, need).float().masked_fill(~need, 0.0))
         empty = [(b, j) for b, j in spots if not blocks[b][j]]
@@ -271,10 +272,7 @@ class BridgedSession:
                     textless.append((b, j))
             if textless:
                 _neutral_rewards(rewards, textless, need)
-        # what commit() keeps for a row whose token was no candidate (a finished row's padding, a forced token): the
-        # cache's own choice then, the row's first scored block
-        first = need.long().argmax(-1).tolist()
-        self._pending = {"candidates": cands, "texts": new_texts, "blocks": blocks, "first": first, "need": need}
+        self._pending = {"candidates": cands, "texts": new_texts, "blocks": blocks, "scored": wanted}
         return rewards
 
     def _empty_reward(self, text: str) -> float:
@@ -289,8 +287,8 @@ class BridgedSession:
         choice, kept, tails = [0] * B, [[] for _ in range(B)], {}
         forced, idle = [], []
         for b, t in enumerate(toks):
-            if pending is not None:  # the block the cache keeps for a token that was no scored candidate
-                choice[b] = pending["first"][b]
+            if pending is not None:  # a token that was no scored candidate: the cache keeps the row's first scored
+                choice[b] = pending["scored"][b][0]
                 kept[b] = pending["blocks"][b][choice[b]]
             j = _scored_index(pending, b, t)
             if j is not None:
@@ -392,8 +390,8 @@ def _neutral_rewards(rewards: torch.Tensor, textless: list[tuple[int, int]], sco
 
 def _scored_index(pending: dict | None, b: int, token: int) -> int | None:
     """Where ``token`` is among row ``b``'s scored candidates of ``pending`` (a :meth:`BridgedSession.score`)."""
-    row = [] if pending is None else zip(pending["candidates"][b], pending["need"][b].tolist())
-    return next((j for j, (candidate, scored) in enumerate(row) if scored and candidate == token), None)
+    scored = [] if pending is None else pending["scored"][b]
+    return next((j for j in scored if pending["candidates"][b][j] == token), None)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
