@@ -102,10 +102,33 @@ def test_text_without_whitespace_keeps_the_blocks_short(gemma, smol_rm, monkeypa
     widths = {}
     for label, cap in [("whitespace only", 10 ** 9), ("default", BridgedSession.max_tail)]:
         monkeypatch.setattr(BridgedSession, "max_tail", cap)
+        monkeypatch.setattr(BridgedSession, "max_block", cap)
         session = RewardModelScorer(rm, context="full").start(["", "Then"], tok)
         widths[label] = drive(session, tok, rm, texts, ["", "Then"])
     assert max(widths["whitespace only"]) >= 80  # the block held the whole text
     assert max(widths["default"]) <= 40 and 2 * max(widths["default"]) < max(widths["whitespace only"]), widths
+
+
+def test_chinese_without_punctuation_is_cut_at_tokens(gemma, smol_rm, monkeypatch):
+    """Chinese with neither whitespace nor punctuation is one pre-token of SmolLM2's byte-level tokenizer, so neither
+    of the splits above exists; past ``max_block`` reward tokens the bridge cuts at a token, and a candidate's block
+    stays bounded instead of growing with the text (before: 115 tokens wide and 2.3 s a step 38 tokens in, with
+    k = 20). Each cut here re-tokenizes cleanly, so every reward still equals scoring from scratch."""
+    from steerkit.rewards.sequence.bridge import BridgedSession
+    from steerkit.rewards.sequence.scorer import RewardModelScorer
+
+    _, tok = gemma
+    rm, _ = smol_rm
+    texts = ["大海是一个非常美丽的地方它有蓝色的水和白色的沙滩很多人喜欢在夏天去海边游泳和晒太阳孩子们在沙滩上堆沙堡",
+             "我们今天学习中文明天还要继续学习因为学习语言需要很多时间和耐心"]
+    assert min(len(rm.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts) >= 50
+    widths = {}
+    for label, cap in [("without cuts", 10 ** 9), ("default", BridgedSession.max_block)]:
+        monkeypatch.setattr(BridgedSession, "max_block", cap)
+        session = RewardModelScorer(rm, context="full").start(["", "Then"], tok)
+        widths[label] = drive(session, tok, rm, texts, ["", "Then"])
+    assert max(widths["without cuts"]) >= 60
+    assert max(widths["default"]) <= BridgedSession.max_block + 12, widths
 
 
 def test_generate_gemma_with_smollm2_reward_traces_exact_rewards(gemma, smol_rm):

@@ -133,6 +133,16 @@ def test_ragged_rounds_score_only_the_active_candidates(families, lm_kind, rm_ki
     assert sum(decoded) < 0.6 * 10 * len(TEXTS) * steps, (sum(decoded), steps)  # not all k a row and step
 
 
+def widths_recorded(session):
+    """``(session, widths)``: a bridged session whose cache records each scoring call's widest block (reward
+    tokens) into ``widths``."""
+    assert isinstance(session, BridgedSession)
+    widths, score_blocks = [], session.cache.score_blocks
+    session.cache.score_blocks = lambda ids, mask, *a: widths.append(int(mask.sum(-1).max())) or score_blocks(
+        ids, mask, *a)
+    return session, widths
+
+
 @pytest.mark.parametrize("lm_kind", ["metaspace", "other bpe"])
 def test_a_long_run_without_whitespace_settles_at_other_clean_splits(families, lm_kind, monkeypatch):
     """A byte-level reward tokenizer behind text with no whitespace (markup, a URL): past ``max_tail`` tokens after
@@ -144,15 +154,34 @@ def test_a_long_run_without_whitespace_settles_at_other_clean_splits(families, l
     widths = {}
     for cap in (10 ** 9, BridgedSession.max_tail):
         monkeypatch.setattr(BridgedSession, "max_tail", cap)
-        session = RewardModelScorer(rm, context="full").start(["", "p"], lm_tok)
-        assert isinstance(session, BridgedSession)
-        seen = widths[cap] = []
-        score_blocks = session.cache.score_blocks
-        session.cache.score_blocks = lambda ids, mask, *a: seen.append(int(mask.sum(-1).max())) or score_blocks(
-            ids, mask, *a)
+        monkeypatch.setattr(BridgedSession, "max_block", 10 ** 9)  # no cut at a token: these splits alone
+        session, widths[cap] = widths_recorded(RewardModelScorer(rm, context="full").start(["", "p"], lm_tok))
         drive(session, lm_tok, rm, texts, ["", "p"], k=4, force_every=5)
     assert max(widths[10 ** 9]) >= 40
     assert max(widths[BridgedSession.max_tail]) <= BridgedSession.max_tail + 8, widths
+
+
+@pytest.mark.parametrize("lm_kind,rm_kind,run", [("other bpe", "bpe", "中文字符没有空格"), ("metaspace", "bpe", "abcdefghij"),
+                                                 ("bpe", "metaspace", "abcdefghij")],
+                         ids=["chinese-byte-level", "word-byte-level", "word-sentencepiece"])
+def test_a_run_that_never_splits_is_cut_at_a_token(families, lm_kind, rm_kind, run, monkeypatch):
+    """Text that neither whitespace nor the reward tokenizer's pre-tokens split (Chinese, or a long word: one
+    byte-level pre-token; a long word under a SentencePiece-style reward tokenizer): without the cut at a token, each
+    candidate's block grows with the text; with it, a block stays within ``max_block`` tokens plus a candidate's.
+    Under the byte-level reward tokenizer every cut here re-tokenizes cleanly, so every reward still equals scoring
+    from scratch; under the SentencePiece one the text after a cut reads as a word start, which is not checked."""
+    texts = [run * (75 // len(run)), "ab" + run[:3] * (60 // len(run[:3]))]
+    lm_tok = make_tokenizer(kind="bpe", vocab_size=420) if lm_kind == "other bpe" else families[lm_kind]
+    rm = tiny_reward(families[rm_kind], seed=6)
+    widths, steps = {}, {}
+    for cap in (10 ** 9, BridgedSession.max_block):
+        monkeypatch.setattr(BridgedSession, "max_block", cap)
+        session, widths[cap] = widths_recorded(RewardModelScorer(rm, context="full").start(["", "p"], lm_tok))
+        tol = 1e-4 if rm_kind == "bpe" else float("inf")
+        steps[cap] = drive(session, lm_tok, rm, texts, ["", "p"], k=4, force_every=7, tol=tol)
+    assert max(widths[10 ** 9]) >= 2 * BridgedSession.max_block, widths[10 ** 9]
+    assert max(widths[BridgedSession.max_block]) <= BridgedSession.max_block + 12, widths[BridgedSession.max_block]
+    assert steps[BridgedSession.max_block] >= 20
 
 
 def test_same_vocabulary_uses_the_plain_session(families):

@@ -5,13 +5,12 @@ The reward model (RM) must score exactly what it would score from scratch: the r
 from scratch for k candidates at every step costs O(k·L); this session keeps it incremental:
 
 * **Stable boundary.** Per row, the RM cache holds the RM tokens of the committed text up to a *stable
-  boundary* ``S`` (a character offset). ``S`` is always the start of a whitespace run that is followed
-  by a non-space character, chosen so that re-tokenizing confirms the split:
-  ``rm(T[P:S]) + rm(T[S:]) == rm(T[P:])`` (``P`` the previous boundary, ``T`` the committed text).
-  Pre-tokenizers of the byte-level BPE and SentencePiece/Metaspace families never merge across such a
-  boundary, so text appended later cannot change the tokens before it. Past ``max_tail`` RM tokens after ``S``
-  (code, a URL, markup: no whitespace), ``S`` may also be where one of the RM pre-tokenizer's pieces starts, away
-  from whitespace (byte-level BPE's split between letters and punctuation), which appended text cannot move either.
+  boundary* ``S`` (a character offset), chosen so that re-tokenizing confirms the split:
+  ``rm(T[P:S]) + rm(T[S:]) == rm(T[P:])`` (``P`` the previous boundary, ``T`` the committed text). ``S`` is the
+  start of a whitespace run followed by a non-space character, across which the pre-tokenizers of the byte-level
+  BPE and SentencePiece/Metaspace families never merge, so text appended later cannot change the tokens before it;
+  in text without whitespace, a split that appended text cannot move either; and in a run that neither splits
+  (Chinese, a long word) a cut at a token, which bounds each candidate's block (:mod:`.boundaries`).
 * **Candidates.** The text after ``S`` (the *unstable tail*) plus each candidate's text is re-tokenized
   with the RM tokenizer and the k results are scored as k blocks in one shared-prefix forward
   (:meth:`ScoringCache.score_blocks`): each block sees the cached prefix and itself.
@@ -24,7 +23,8 @@ from scratch for k candidates at every step costs O(k·L); this session keeps it
 * **Commit.** The chosen block's KV is kept (:meth:`commit_choice`), the boundary advances, and the cache
   is rolled back (:meth:`rollback`) to the new boundary; any disagreement (a token that was not a
   candidate, an unexpected tokenization) is repaired by rolling back to the longest common prefix and
-  appending the right tokens, so the cache always equals a from-scratch tokenization of ``T[:S]``.
+  appending the right tokens, so the cache equals a from-scratch tokenization of ``T[:S]`` (up to a cut
+  at a token, :mod:`.boundaries`).
 
 The per-row work that remains is string work the tokenizers need anyway (batched decode and encode
 calls); the model runs one forward per step for all B·k candidates, as in the same-tokenizer case. Where the cache
@@ -35,25 +35,18 @@ and run, in the cache's row groups.
 from __future__ import annotations
 
 import os.path
-import re
 
 import torch
 
-REPLACEMENT = "\ufffd"
-_BOUNDARY = re.compile(r"(?<=\S)\s+(?=\S)")
+from .boundaries import REPLACEMENT, StableBoundaries
 
 
-class BridgedSession:
-    """A :class:`~steerkit.rewards.base.RewardSession` for a reward model from another tokenizer family."""
+class BridgedSession(StableBoundaries):
+    """A :class:`~steerkit.rewards.base.RewardSession` for a reward model from another tokenizer family (its
+    boundary search: :class:`~steerkit.rewards.sequence.boundaries.StableBoundaries`)."""
 
     #: LM tokens of left context decoded together with each candidate (widened when it starts mid-character)
     window = 4
-    #: most recent whitespace boundaries tried per commit when advancing the stable boundary
-    max_boundary_tries = 3
-    #: reward-model tokens after the boundary past which the starts of the reward tokenizer's pre-tokens are tried
-    #: too (:meth:`_pretoken_starts`; text without whitespace: code, a URL, repeated markup), so that the candidates'
-    #: blocks do not grow with the text; at least ``tail_keep`` characters stay after such a boundary
-    max_tail, tail_keep = 16, 8
 
     def __init__(self, scorer, texts: list[str], lm_tokenizer):
         self.scorer = scorer
@@ -159,51 +152,6 @@ class BridgedSession:
                     row.append((len(base) - p, d[p:]))
             out.append(row)
         return out
-
-    # -- stable boundaries --------------------------------------------------------------------------
-    def _choose_boundaries(self, rows: list[int], tails: dict[int, list[int] | None]):
-        """New boundary per row, searched after the current one: ``{b: (S, rm(T[P:S]))}``.
-
-        ``tails[b]`` is ``rm(T[P:])`` when already known (the chosen block), else None.
-        """
-        unknown = [b for b in rows if tails[b] is None]
-        for b, ids in zip(unknown, self._rm_encode([self.texts[b][self.stable[b]:] for b in unknown])):
-            tails[b] = ids
-        trials = []
-        for b in rows:
-            text, start = self.texts[b], self.stable[b]
-            tail = text[start:].rstrip(REPLACEMENT)
-            spots = [start + m.start() for m in _BOUNDARY.finditer(tail)][::-1][:self.max_boundary_tries]
-            if len(tails[b]) > self.max_tail:  # a long tail: also where the reward tokenizer's pre-tokens start
-                end = start + len(tail) - self.tail_keep
-                near = [s for s in spots if s >= end]  # whitespace near the end: preferred
-                late = [start + a for a in self._pretoken_starts(tail)[::-1] if start + a <= end][:8]
-                spots = near + late + [s for s in spots if s < end]
-            trials += [(b, s) for s in spots]
-        pieces = []
-        for b, s in trials:
-            pieces += [self.texts[b][self.stable[b]:s], self.texts[b][s:]]
-        encoded = self._rm_encode(pieces)
-        result = {b: (self.stable[b], []) for b in rows}
-        done = set()
-        for i, (b, s) in enumerate(trials):  # latest boundary first; the first that re-tokenizes cleanly wins
-            if b in done:
-                continue
-            head, rest = encoded[2 * i], encoded[2 * i + 1]
-            if head + rest == tails[b]:
-                result[b] = (s, head)
-                done.add(b)
-        return result
-
-    def _pretoken_starts(self, text: str) -> list[int]:
-        """Where in ``text`` a pre-token of the reward tokenizer starts (e.g. byte-level BPE's split between letters
-        and punctuation), but the first and the last, away from whitespace: splits that text appended later cannot
-        move (none without a pre-tokenizer; a SentencePiece-style one splits at whitespace only)."""
-        pre = getattr(getattr(self.rm_tokenizer, "backend_tokenizer", None), "pre_tokenizer", None)
-        if pre is None:
-            return []
-        starts = [a for _, (a, _) in pre.pre_tokenize_str(text)][1:-1]
-        return [a for a in starts if not text[a - 1].isspace() and not text[a].isspace()]
 
     def _retreat(self, rows: list[int], extra: list[int] | None = None) -> None:
         """Drop rows' whole stable part from the cache (fallback when the committed prefix changed)."""
