@@ -71,3 +71,20 @@ def test_two_replicas_serve_the_models_endpoint(replicas):
     status = serve.status().applications["steerkit"].deployments["steerkit"]
     assert status.replica_states.get("RUNNING") == 2, json.dumps(str(status))
     assert os.environ.get("RAY_AUTH_MODE") == "disabled"
+
+
+def test_ray_serve_hands_a_replica_as_many_requests_as_its_engine_holds():
+    """Ray Serve gives a replica at most ``max_ongoing_requests`` requests at once (its default, 5, would cap each
+    replica's continuous batch at 5 rows whatever ``--max-running`` says): steerkit's deployment sets it to the rows
+    the replica's engine holds, running and queued."""
+    from ray.serve._private.constants import DEFAULT_MAX_ONGOING_REQUESTS
+
+    from steerkit.config import SteeringConfig
+    from steerkit.distributed.serve import ReplicaConfig, deployment, max_ongoing_requests
+    from steerkit.serving.engine import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING
+
+    assert DEFAULT_MAX_ONGOING_REQUESTS < DEFAULT_MAX_RUNNING  # what this guards against
+    assert max_ongoing_requests({"max_running": 8, "max_queue": 32}) == 40
+    assert max_ongoing_requests(None) == DEFAULT_MAX_RUNNING + DEFAULT_MAX_QUEUE
+    app = deployment(SteeringConfig(), ReplicaConfig(replicas=2), engine_limits={"max_running": 8, "max_queue": 32})
+    assert app._bound_deployment.max_ongoing_requests == 40  # the Deployment the application binds

@@ -70,6 +70,16 @@ class _Replica:
         return create_app(engine, settings=ServerSettings(**self.settings), metrics=metrics)
 
 
+def max_ongoing_requests(engine_limits: dict | None = None) -> int:
+    """Requests Ray Serve hands one replica at once: as many rows as its engine holds, running and queued. Ray Serve's
+    own default (5) would cap each replica's batch at 5 rows whatever ``--max-running`` says; a replica whose queue
+    is full answers 429 itself, as ``steerkit serve`` alone does."""
+    from ..serving.engine import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING
+
+    limits = engine_limits or {}
+    return int(limits.get("max_running", DEFAULT_MAX_RUNNING)) + int(limits.get("max_queue", DEFAULT_MAX_QUEUE))
+
+
 def deployment(steering_config, replica_config: ReplicaConfig, *, engine_limits: dict | None = None,
                settings=None, name: str = "steerkit"):
     """The bound Ray Serve application (pass it to ``serve.run``)."""
@@ -83,7 +93,8 @@ def deployment(steering_config, replica_config: ReplicaConfig, *, engine_limits:
     options = {"num_cpus": cfg.threads_per_replica, "num_gpus": cfg.gpus_per_replica,
                "runtime_env": {"env_vars": forwarded_env()}}
     ingress = serve.ingress()(_Replica)
-    dep = serve.deployment(ingress, name=name, ray_actor_options=options, **scaling)
+    dep = serve.deployment(ingress, name=name, ray_actor_options=options,
+                           max_ongoing_requests=max_ongoing_requests(engine_limits), **scaling)
     return dep.bind(steering_config, dict(engine_limits or {}), asdict(settings) if settings else {},
                     cfg.threads_per_replica)
 

@@ -62,6 +62,10 @@ IDLE_WAIT_S = 0.05
 PREFILL_CHUNK = 256  # measured: docs/performance.md, "A long prompt beside a short request"
 
 
+#: Rows decoded together, and rows waiting, at most, unless the engine is given others (``--max-running``,
+#: ``--max-queue``).
+DEFAULT_MAX_RUNNING, DEFAULT_MAX_QUEUE = 16, 64
+
 #: An LM whose KV cache is sized up front (llama.cpp, ``--engine llama.cpp``) reserves at most this many tokens over
 #: all running rows: 2,048 a row at the default 16 rows (SmolLM2-135M: 23 KB a token in f16, 0.75 GB in all). The
 #: row's share is ``limits.context_tokens``; a longer request is a 400.
@@ -84,7 +88,8 @@ class Engine:
     ``default_rewards`` (the forms ``RowSpec.rewards`` takes) steers rows whose spec says ``rewards=None``."""
 
     def __init__(self, lm, tokenizer, rewards: Mapping[str, object] | None = None, *, default_rewards=(),
-                 default_k: int = 20, max_running: int = 16, max_queue: int = 64, observer=None,
+                 default_k: int = 20, max_running: int = DEFAULT_MAX_RUNNING,
+                 max_queue: int = DEFAULT_MAX_QUEUE, observer=None,
                  model_name: str | None = None, max_k_sequence: int = LARGE_K, prefill_chunk: int = PREFILL_CHUNK):
         self.lm = lm.eval()
         self.tokenizer = tokenizer
