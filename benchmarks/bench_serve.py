@@ -17,11 +17,15 @@ benchmarks/results/bench_serve.json (machine load included). Run heavy work unde
     python benchmarks/bench_serve.py --engine llama.cpp --backend onnx-int8 --out benchmarks/results/bench_serve_llama_cpp.json
     python benchmarks/bench_serve.py --levels 1 16 --setups float32/auto bfloat16/torch-int8 --rounds 3
     python benchmarks/bench_serve.py --levels 16 --setups bfloat16/torch-int8@/tmp/old bfloat16/torch-int8 --rounds 4
+    python benchmarks/bench_serve.py --levels 16 --setups bfloat16/torch-int8 "bfloat16/torch-int8*2" --rounds 2
 
 ``--setups`` compares set-ups side by side: one server each, up together, every level run on each set-up in turn,
 ``--rounds`` times in alternating order, so that the machine's drift falls on all of them; each round's tokens/s
 over the first set-up's are printed and written. A set-up ending in ``@TREE`` runs the steerkit of another checkout
-(a ``git worktree`` of an older revision): before/after of a change in one run.
+(a ``git worktree`` of an older revision): before/after of a change in one run. A set-up with ``*N`` (before any
+``@TREE``) is N Ray Serve replicas on a local Ray instance (``steerkit serve --ray local --replicas N``), the batch
+split between them (``--max-running`` over N each); its server-side figures (steps, rows a step) are not read, since
+``/metrics`` answers from one replica.
 """
 
 from __future__ import annotations
@@ -136,13 +140,15 @@ def parse_setup(text: str) -> dict:
     ``--backend`` and ``--compile``; ``TREE``: a steerkit checkout (e.g. ``git worktree add --detach /tmp/old REV``)
     put first on the server's ``PYTHONPATH``, to compare revisions side by side."""
     text_setup, _, tree = text.partition("@")
+    text_setup, _, replicas = text_setup.partition("*")
     setup, _, compiled = text_setup.partition("+")
     dtype, _, backend = setup.partition("/")
-    if compiled not in ("", "compile") or not dtype or (tree and not (Path(tree) / "steerkit").is_dir()):
-        raise SystemExit(f"--setups: {text!r} is not DTYPE/BACKEND[+compile][@TREE] (TREE a steerkit checkout), "
-                         "e.g. bfloat16/torch-int8 or float32/auto@/tmp/old")
+    if (compiled not in ("", "compile") or not dtype or (tree and not (Path(tree) / "steerkit").is_dir())
+            or not (replicas or "1").isdigit() or int(replicas or 1) < 1):
+        raise SystemExit(f"--setups: {text!r} is not DTYPE/BACKEND[+compile][*REPLICAS][@TREE] (TREE a steerkit "
+                         "checkout), e.g. bfloat16/torch-int8, bfloat16/torch-int8*2 or float32/auto@/tmp/old")
     return {"name": text, "dtype": dtype, "backend": backend or "auto", "compile": compiled == "compile",
-            "tree": str(Path(tree).resolve()) if tree else None}
+            "replicas": int(replicas or 1), "tree": str(Path(tree).resolve()) if tree else None}
 
 
 class Server:
@@ -157,13 +163,17 @@ class Server:
             from trees import tree_env
 
             env = tree_env(setup["tree"], env)
+        replicas = setup.get("replicas", 1)
+        if replicas > 1:  # Ray Serve replicas on a local Ray instance, the batch split between them
+            env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
         self.cmd = [sys.executable, "-m", "steerkit", "serve", "--lm", "smollm2-135m-instruct", "--port", str(port),
-                    "--max-running", str(max_running), "--max-queue", str(max(64, args.requests)), "--timeout", "0",
+                    "--max-running", str(-(-max_running // replicas)), "--max-queue", str(max(64, args.requests)), "--timeout", "0",
                     "--log-level", "warning", "--backend", setup["backend"]] + (
                         # only what differs from the defaults: a tree from before --engine/--dtype existed can run
                         ["--engine", args.engine] if args.engine != "steerkit" else []) + (
                         ["--compile"] if setup["compile"] else []) + (
-                        ["--dtype", setup["dtype"]] if setup["dtype"] != "float32" else [])
+                        ["--dtype", setup["dtype"]] if setup["dtype"] != "float32" else []) + (
+                        ["--ray", "local", "--replicas", str(replicas)] if replicas > 1 else [])
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nothing the server prints can block it
         # `python -m` puts the working directory first on sys.path, before PYTHONPATH: from a checkout's root it would
         # import that checkout's steerkit whatever the set-up's tree. So the server starts in its tree (or here).
@@ -193,6 +203,10 @@ class Server:
         asyncio.run(run_level(self.url, bodies[:2], 2))  # warm-up: first forwards, allocator
 
     def level(self, bodies: list[dict], clients: int) -> dict:
+        if self.setup.get("replicas", 1) > 1:  # /metrics answers from one replica: no server-side figures
+            level = asyncio.run(run_level(self.url, bodies, clients))
+            level.update(server_steps=None, server_step_s_mean=None, rows_per_step_mean=None)
+            return level
         before = scrape(self.url)
         level = asyncio.run(run_level(self.url, bodies, clients))
         after = scrape(self.url)
@@ -219,7 +233,8 @@ def show(level: dict, name: str = "") -> None:
     print(f"{name}{level['clients']:>3} clients: {level['tokens_per_s']:6.1f} tok/s  wall {level['wall_s']:6.1f} s  "
           f"TTFT p50 {level['ttft_s']['p50']:.2f} s p95 {level['ttft_s']['p95']:.2f} s  per-token p50 "
           f"{level['per_token_s']['p50'] * 1000:.0f} ms p95 {level['per_token_s']['p95'] * 1000:.0f} ms  "
-          f"rows/step {level['rows_per_step_mean']:.1f}", flush=True)
+          + (f"rows/step {level['rows_per_step_mean']:.1f}" if level["rows_per_step_mean"] is not None else ""),
+          flush=True)
 
 
 def main() -> None:
