@@ -28,7 +28,9 @@ import os
 import platform
 import statistics
 import time
+from contextlib import nullcontext
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 
@@ -167,12 +169,9 @@ def main():
             modes.insert(1, ("bridged, no cut", gemma, gemma_tok, BridgedSession))
         for label, model, tok, expected in modes:
             ids, top = lm_topk(model, tok, texts, args.k, steps)
-            cap = BridgedSession.max_block
-            BridgedSession.max_block = 10 ** 9 if label == "bridged, no cut" else cap
-            try:
+            uncut = patch.object(BridgedSession, "max_block", 10 ** 9) if label == "bridged, no cut" else nullcontext()
+            with uncut:
                 result = run_session(scorer, tok, ids, top)
-            finally:
-                BridgedSession.max_block = cap
             assert result["session"] == expected.__name__
             rows.append({"batch": batch, "k": args.k, "mode": label, "lm_tokenizer": type(tok).__name__, **result})
 

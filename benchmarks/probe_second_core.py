@@ -23,9 +23,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_engine_step import PROMPTS  # noqa: E402 - the same rows as the engine-step benchmark
 from cpu_info import cpu_flags  # noqa: E402
-
-PROMPTS = ["The weather today is", "My favourite food is", "Tell me about the sea.", "The city at night"]
 
 
 def load():
