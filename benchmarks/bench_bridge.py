@@ -177,7 +177,8 @@ def main():
 
     print(f"\nReward session cost per step (RM: SmolLM2 {args.layers} layers, k={args.k}, "
           f"torch threads={torch.get_num_threads()})\n")
-    header = f"{'B':>2} {'mode':<15} {'ms/step':>8} {'median':>7} {'model':>7} {'other':>7} {'block m':>8} {'chars/step':>10}"
+    header = (f"{'B':>2} {'mode':<15} {'ms/step':>8} {'median':>7} {'model':>7} {'other':>7} {'block m':>8} "
+              f"{'chars/step':>10}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -199,7 +200,8 @@ def main():
                   f"as long (widest block {uncut['block_width_max']} against {bridged['block_width_max']})")
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"benchmark": "bench_bridge", "text": args.text, "max_block": BridgedSession.max_block, "reward_model": f"smollm2-135m-instruct[:{args.layers}]",
+    payload = {"benchmark": "bench_bridge", "text": args.text, "max_block": BridgedSession.max_block,
+               "reward_model": f"smollm2-135m-instruct[:{args.layers}]",
                "lms": {"same": "smollm2-135m-instruct", "bridged": "gemma3-270m"}, "k": args.k,
                "steps_per_row": steps, "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
                "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),

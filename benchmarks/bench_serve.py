@@ -136,9 +136,10 @@ async def run_level(url: str, bodies: list[dict], clients: int) -> dict:
 
 
 def parse_setup(text: str) -> dict:
-    """``DTYPE/BACKEND[+compile][@TREE]`` (as ``bench_engine_step.py --configs``): the server's ``--dtype``,
-    ``--backend`` and ``--compile``; ``TREE``: a steerkit checkout (e.g. ``git worktree add --detach /tmp/old REV``)
-    put first on the server's ``PYTHONPATH``, to compare revisions side by side."""
+    """``DTYPE/BACKEND[+compile][*REPLICAS][@TREE]`` (as ``bench_engine_step.py --configs``): the server's
+    ``--dtype``, ``--backend`` and ``--compile``; ``REPLICAS``: Ray Serve replicas; ``TREE``: a steerkit checkout
+    (e.g. ``git worktree add --detach /tmp/old REV``) put first on the server's ``PYTHONPATH``, to compare revisions
+    side by side."""
     text_setup, _, tree = text.partition("@")
     text_setup, _, replicas = text_setup.partition("*")
     setup, _, compiled = text_setup.partition("+")
@@ -159,15 +160,16 @@ class Server:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "STEERKIT_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "STEERKIT_PLUGINS": "toxicity"}
-        if setup.get("tree"):
+        if setup["tree"]:
             from trees import tree_env
 
             env = tree_env(setup["tree"], env)
-        replicas = setup.get("replicas", 1)
+        replicas = setup["replicas"]
         if replicas > 1:  # Ray Serve replicas on a local Ray instance, the batch split between them
             env.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
         self.cmd = [sys.executable, "-m", "steerkit", "serve", "--lm", "smollm2-135m-instruct", "--port", str(port),
-                    "--max-running", str(-(-max_running // replicas)), "--max-queue", str(max(64, args.requests)), "--timeout", "0",
+                    "--max-running", str(-(-max_running // replicas)), "--max-queue", str(max(64, args.requests)),
+                    "--timeout", "0",
                     "--log-level", "warning", "--backend", setup["backend"]] + (
                         # only what differs from the defaults: a tree from before --engine/--dtype existed can run
                         ["--engine", args.engine] if args.engine != "steerkit" else []) + (
@@ -177,10 +179,10 @@ class Server:
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: nothing the server prints can block it
         # `python -m` puts the working directory first on sys.path, before PYTHONPATH: from a checkout's root it would
         # import that checkout's steerkit whatever the set-up's tree. So the server starts in its tree (or here).
-        cwd = setup.get("tree") or None
+        cwd = setup["tree"] or None
         self.steerkit = subprocess.run([sys.executable, "-c", "import steerkit; print(steerkit.__file__)"], env=env,
                                        cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
-        if setup.get("tree") and not Path(self.steerkit).resolve().is_relative_to(Path(setup["tree"]).resolve()):
+        if setup["tree"] and not Path(self.steerkit).resolve().is_relative_to(Path(setup["tree"]).resolve()):
             raise SystemExit(f"set-up {setup['name']!r} would import {self.steerkit}, not its tree's steerkit")
         self.process = subprocess.Popen(self.cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=self.log,
                                         text=True)
@@ -203,12 +205,12 @@ class Server:
         asyncio.run(run_level(self.url, bodies[:2], 2))  # warm-up: first forwards, allocator
 
     def level(self, bodies: list[dict], clients: int) -> dict:
-        if self.setup.get("replicas", 1) > 1:  # /metrics answers from one replica: no server-side figures
-            level = asyncio.run(run_level(self.url, bodies, clients))
+        replicated = self.setup["replicas"] > 1  # /metrics answers from one replica: no server-side figures
+        before = None if replicated else scrape(self.url)
+        level = asyncio.run(run_level(self.url, bodies, clients))
+        if replicated:
             level.update(server_steps=None, server_step_s_mean=None, rows_per_step_mean=None)
             return level
-        before = scrape(self.url)
-        level = asyncio.run(run_level(self.url, bodies, clients))
         after = scrape(self.url)
         steps = after["steerkit_step_seconds_count"] - before["steerkit_step_seconds_count"]
         level["server_steps"] = int(steps)
@@ -257,9 +259,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="with --setups: rounds over the set-ups")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_serve.json")
     args = parser.parse_args()
-    setups = [parse_setup(text) for text in args.setups] if args.setups else [
-        {"name": f"{args.dtype}/{args.backend}" + ("+compile" if args.compile else ""), "dtype": args.dtype,
-         "backend": args.backend, "compile": args.compile, "tree": None}]
+    setups = [parse_setup(text) for text in
+              args.setups or [f"{args.dtype}/{args.backend}" + ("+compile" if args.compile else "")]]
     bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens, "temperature": 1.0,
                "seed": i, "k": args.k, "rewards": {"toxicity": args.beta}, "stream": True}
               for i in range(args.requests)]

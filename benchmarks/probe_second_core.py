@@ -119,7 +119,8 @@ def main() -> None:
             torch.set_num_threads(1)
 
     modes = {"one engine": lambda: run_engines(parts, 1, args.rows, args.tokens), "2 threads": threads2,
-             "two engines": lambda: run_engines(parts, 2, args.rows, args.tokens), "two processes": lambda: two_processes(args)}
+             "two engines": lambda: run_engines(parts, 2, args.rows, args.tokens),
+             "two processes": lambda: two_processes(args)}
     results = {name: [] for name in modes}
     for r in range(args.rounds):
         order = list(modes) if r % 2 == 0 else list(modes)[::-1]

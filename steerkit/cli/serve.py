@@ -16,6 +16,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import InvalidArgumentError
+from ..serving.requests import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING
 from .common import BACKEND_HELP, COMPILE_HELP, DTYPE_HELP, ENGINE_HELP, err, parse_reward_weight
 
 
@@ -33,8 +34,9 @@ def serve(
     engine: Optional[str] = typer.Option(None, "--engine", help=ENGINE_HELP),
     compile: Optional[bool] = typer.Option(None, "--compile/--no-compile", help=COMPILE_HELP),
     dtype: Optional[str] = typer.Option(None, "--dtype", help=DTYPE_HELP),
-    max_running: int = typer.Option(16, "--max-running", min=1, help="Rows decoded together at most."),
-    max_queue: int = typer.Option(64, "--max-queue", min=1, help="Rows waiting at most; beyond it: HTTP 429."),
+    max_running: int = typer.Option(DEFAULT_MAX_RUNNING, "--max-running", min=1, help="Rows decoded together at most."),
+    max_queue: int = typer.Option(DEFAULT_MAX_QUEUE, "--max-queue", min=1,
+                                  help="Rows waiting at most; beyond it: HTTP 429."),
     timeout: float = typer.Option(300.0, "--timeout", min=0.0, help="Seconds a request may take from admission "
                                   "to its last token (0: no limit); past it: HTTP 504 or finish_reason timeout."),
     max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit", min=1, help="Largest max_tokens a request "

@@ -74,7 +74,7 @@ def max_ongoing_requests(engine_limits: dict | None = None) -> int:
     """Requests Ray Serve hands one replica at once: as many rows as its engine holds, running and queued. Ray Serve's
     own default (5) would cap each replica's batch at 5 rows whatever ``--max-running`` says; a replica whose queue
     is full answers 429 itself, as ``steerkit serve`` alone does."""
-    from ..serving.engine import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING
+    from ..serving.requests import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING
 
     limits = engine_limits or {}
     return int(limits.get("max_running", DEFAULT_MAX_RUNNING)) + int(limits.get("max_queue", DEFAULT_MAX_QUEUE))

@@ -50,7 +50,7 @@ from ..errors import ServerBusyError, ServerShuttingDownError
 from ..models import context_length, text_config
 from ..steering import LARGE_K
 from ..validators import validate_int, validate_k
-from .requests import FinishEvent, RowHandle, RowSpec, TokenEvent
+from .requests import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING, FinishEvent, RowHandle, RowSpec, TokenEvent
 from .row_terms import RewardLookup, row_terms
 from .prefill import Prefills
 from .validation import check_cost, prepare_rows
@@ -61,10 +61,6 @@ IDLE_WAIT_S = 0.05
 #: A prompt longer than this many tokens is prefilled this many at a time, one chunk between decode steps.
 PREFILL_CHUNK = 256  # measured: docs/performance.md, "A long prompt beside a short request"
 
-
-#: Rows decoded together, and rows waiting, at most, unless the engine is given others (``--max-running``,
-#: ``--max-queue``).
-DEFAULT_MAX_RUNNING, DEFAULT_MAX_QUEUE = 16, 64
 
 #: An LM whose KV cache is sized up front (llama.cpp, ``--engine llama.cpp``) reserves at most this many tokens over
 #: all running rows: 2,048 a row at the default 16 rows (SmolLM2-135M: 23 KB a token in f16, 0.75 GB in all). The

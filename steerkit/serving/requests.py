@@ -17,6 +17,10 @@ from typing import AsyncIterator, Iterator, Sequence
 
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
 
+#: Rows an engine decodes together, and rows it keeps waiting, at most, unless it is given others (``--max-running``,
+#: ``--max-queue``). Here, not in ``engine.py``, so that the CLI's defaults read them without importing torch.
+DEFAULT_MAX_RUNNING, DEFAULT_MAX_QUEUE = 16, 64
+
 
 @dataclass(frozen=True)
 class RowSpec:

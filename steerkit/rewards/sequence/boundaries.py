@@ -24,6 +24,7 @@ rm(T[S:]) == rm(T[P:])`` (``P`` the current boundary):
 from __future__ import annotations
 
 import re
+from itertools import islice
 
 REPLACEMENT = "\ufffd"
 _BOUNDARY = re.compile(r"(?<=\S)\s+(?=\S)")
@@ -92,11 +93,11 @@ class StableBoundaries:
 
     def _cut_at_token(self, b: int) -> tuple[int, list[int]] | None:
         """Row ``b``'s boundary at a token of its tail's tokenization ``rm(T[P:])`` (encoded again here, for its
-        character offsets) that starts on a character of its own at least :attr:`tail_keep` characters before the end (not in trailing U+FFFD):
-        ``(S, the tokens before it)``. Of the last 8 such tokens, the latest whose split re-tokenizes cleanly (the
-        text after it alone gives the tokens after it); else the latest (under a SentencePiece-style tokenizer the
-        text after the cut then reads as if a word started there). None: a tokenizer without offsets (a slow one),
-        or no such token."""
+        character offsets) that starts on a character of its own at least :attr:`tail_keep` characters before the end
+        (not in trailing U+FFFD): ``(S, the tokens before it)``. Of the last 8 such tokens, the latest whose split
+        re-tokenizes cleanly (the text after it alone gives the tokens after it); else the latest (under a
+        SentencePiece-style tokenizer the text after the cut then reads as if a word started there). None: a tokenizer
+        without offsets (a slow one), or no such token."""
         start = self.stable[b]
         text = self.texts[b][start:]
         end = len(text.rstrip(REPLACEMENT)) - self.tail_keep
@@ -107,9 +108,9 @@ class StableBoundaries:
         ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
         # token i starts a character of its own: the token before it ends there and starts before it (byte pieces of
         # one character share that character's offsets)
-        cuts = [i for i in range(len(ids) - 1, 0, -1)
-                if 0 < offsets[i][0] <= end and offsets[i - 1][1] <= offsets[i][0] and offsets[i - 1][0] < offsets[i][0]]
-        cuts = cuts[:8]
+        starts_own = (i for i in range(len(ids) - 1, 0, -1) if 0 < offsets[i][0] <= end
+                      and offsets[i - 1][1] <= offsets[i][0] and offsets[i - 1][0] < offsets[i][0])
+        cuts = list(islice(starts_own, 8))  # the last 8, latest first
         if not cuts:
             return None
         rests = self._rm_encode([text[offsets[i][0]:] for i in cuts])
