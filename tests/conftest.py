@@ -97,6 +97,30 @@ def generate_cli(*args: str, timeout: int = 300):
                           timeout=timeout, env=env)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_inductor_cache(tmp_path_factory):
+    """One inductor kernel cache for the whole run, shared by xdist's workers (and by the subprocesses tests start),
+    unless ``$TORCHINDUCTOR_CACHE_DIR`` is already set (``.ci/run`` sets one for both of its test stages).
+
+    Compiling a step's shape on a CPU mostly compiles and times inductor's C++ matrix-product candidates; tests that
+    compile the same tiny models' shapes then reuse those kernels instead of building them again (a shape of
+    test_static_scoring.py: 45-58 s cold, 13-15 s warm on the AVX2-only CPU). Only speed depends on what another test
+    left there: a kernel is cached under its own source's hash, and every compiled test compares with the eager run.
+    Tests of compiling from nothing ask for :func:`inductor_cache`."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current and current != default_cache_dir():  # torch writes its default there once read: that is not a choice
+        yield Path(current)
+        return
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "inductor"
+    shared.mkdir(exist_ok=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+        yield shared
+
+
 @pytest.fixture
 def inductor_cache(tmp_path, monkeypatch):
     """An empty inductor cache of the test's own: a compiled step compiles from scratch and leaves nothing behind."""

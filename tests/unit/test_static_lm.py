@@ -114,7 +114,7 @@ def test_compiled_generate_gives_the_eager_tokens_greedy_and_seeded(fresh_lm, to
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["static-eager", "static-compiled"])
 def test_the_server_runs_the_static_step_and_every_row_equals_generate_alone(compiled, fresh_lm, tokenizer,
-                                                                              reward_model, inductor_cache, capfd):
+                                                                              reward_model, capfd):
     """The server's engine on the static step: six rows with different k, β, temperatures and lengths through four
     running slots (rows join and leave, the bucket changes): each equals the eager ``generate`` of that row alone.
     Compiled, every row bucket up to ``max_running`` compiles while the engine is built, none while it serves."""
@@ -149,7 +149,7 @@ def test_int8_weights_replace_every_linear_and_stay_close_to_float32(lm):
     assert layer.qweight.dtype == torch.int8 and layer.qweight.abs().max().item() == 127
 
 
-def test_int8_generate_runs_eagerly_and_compiled_alike(lm, tokenizer, reward_model, inductor_cache):
+def test_int8_generate_runs_eagerly_and_compiled_alike(lm, tokenizer, reward_model):
     eager = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="int8")
     compiled = _generate(lm, tokenizer, reward_model, do_sample=False, dtype="int8", compile=True)
     assert torch.equal(eager.sequences, compiled.sequences)
@@ -189,7 +189,7 @@ def test_bf16_matmul_layer_is_the_bf16_product_returned_in_float32():
     assert 0 < (y - exact).abs().max().item() < 0.05
 
 
-def test_bf16_generate_compiled_stays_within_bf16_rounding_of_eager(lm, tokenizer, reward_model, inductor_cache):
+def test_bf16_generate_compiled_stays_within_bf16_rounding_of_eager(lm, tokenizer, reward_model):
     """Not token-identical in general: inductor fuses the bf16 products with their neighbours and rounds at other
     points (on SmolLM2 1-4 of 8 greedy rows part from eager: docs/performance.md), so the compiled step's logits are
     held to bf16's precision of the eager ones, step by step while the two runs have chosen the same tokens."""
