@@ -190,3 +190,27 @@ def test_the_security_and_cost_flags_reach_the_server(model_dirs):
         assert r.status_code == 400 and r.json()["error"]["param"] == "k"
     finally:
         stop(proc)
+
+
+def test_the_options_defaults_are_the_servers_own():
+    """`steerkit serve` with no limit flags runs the engine's, the app's and uvicorn's defaults: each option's
+    default is read from where the library keeps it, so the two cannot drift apart."""
+    import inspect
+
+    from steerkit.cli.serve import serve
+    from steerkit.serving.engine import Engine
+    from steerkit.serving.http_protocol import uvicorn_config
+    from steerkit.serving.settings import ServerSettings
+
+    options = {name: p.default.default for name, p in inspect.signature(serve).parameters.items()}
+    engine = {name: p.default for name, p in inspect.signature(Engine).parameters.items()}
+    uvicorn = {name: p.default for name, p in inspect.signature(uvicorn_config).parameters.items()}
+    app = ServerSettings()
+    assert [options[name] for name in ("max_running", "max_queue", "max_k_sequence", "prefill_chunk")] == \
+        [engine[name] for name in ("max_running", "max_queue", "max_k_sequence", "prefill_chunk")]
+    assert (options["timeout"], options["max_tokens_limit"], options["default_max_tokens"], options["max_n"],
+            options["shutdown_deadline"], options["stall_timeout"], options["read_timeout"]) == \
+        (app.timeout_s, app.max_tokens_limit, app.default_max_tokens, app.max_n, app.shutdown_deadline_s,
+         app.stall_s, app.body_timeout_s)
+    assert (options["max_connections"], options["read_timeout"]) == \
+        (uvicorn["max_connections"], uvicorn["header_timeout_s"])

@@ -16,8 +16,12 @@ from typing import List, Optional
 import typer
 
 from ..errors import InvalidArgumentError
-from ..serving.requests import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING
+from ..serving.requests import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING, PREFILL_CHUNK
+from ..serving.settings import HEADER_TIMEOUT_S, MAX_CONNECTIONS, ServerSettings
 from .common import BACKEND_HELP, COMPILE_HELP, DTYPE_HELP, ENGINE_HELP, err, parse_reward_weight
+
+#: the HTTP limits' defaults, which the options below show and pass on
+DEFAULTS = ServerSettings()
 
 
 def serve(
@@ -37,15 +41,16 @@ def serve(
     max_running: int = typer.Option(DEFAULT_MAX_RUNNING, "--max-running", min=1, help="Rows decoded together at most."),
     max_queue: int = typer.Option(DEFAULT_MAX_QUEUE, "--max-queue", min=1,
                                   help="Rows waiting at most; beyond it: HTTP 429."),
-    timeout: float = typer.Option(300.0, "--timeout", min=0.0, help="Seconds a request may take from admission "
-                                  "to its last token (0: no limit); past it: HTTP 504 or finish_reason timeout."),
-    max_tokens_limit: int = typer.Option(1024, "--max-tokens-limit", min=1, help="Largest max_tokens a request "
-                                         "may ask for."),
-    default_max_tokens: int = typer.Option(64, "--default-max-tokens", min=1, help="max_tokens of a request that "
-                                           "sends none."),
-    max_n: int = typer.Option(16, "--max-n", min=1, help="Largest n (choices per prompt)."),
-    shutdown_deadline: float = typer.Option(30.0, "--shutdown-deadline", min=0.0, help="On SIGTERM, seconds "
-                                            "in-flight requests get to finish."),
+    timeout: float = typer.Option(DEFAULTS.timeout_s, "--timeout", min=0.0, help="Seconds a request may take "
+                                  "from admission to its last token (0: no limit); past it: HTTP 504 or finish_reason "
+                                  "timeout."),
+    max_tokens_limit: int = typer.Option(DEFAULTS.max_tokens_limit, "--max-tokens-limit", min=1,
+                                         help="Largest max_tokens a request may ask for."),
+    default_max_tokens: int = typer.Option(DEFAULTS.default_max_tokens, "--default-max-tokens", min=1,
+                                           help="max_tokens of a request that sends none."),
+    max_n: int = typer.Option(DEFAULTS.max_n, "--max-n", min=1, help="Largest n (choices per prompt)."),
+    shutdown_deadline: float = typer.Option(DEFAULTS.shutdown_deadline_s, "--shutdown-deadline", min=0.0,
+                                            help="On SIGTERM, seconds in-flight requests get to finish."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, "
                                   "info, debug."),
     ray_address: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS", help="Serve replicas on Ray "
@@ -65,14 +70,14 @@ def serve(
                                               "origin that may call the API from a browser (CORS). \\[default: none]"),
     max_k_sequence: int = typer.Option(200, "--max-k-sequence", min=1, help="Largest k a row may use with a "
                                        "sequence reward (each candidate is a reward-model forward); past it: 400."),
-    prefill_chunk: int = typer.Option(256, "--prefill-chunk", min=1, help="A longer prompt is prefilled this many "
-                                      "tokens at a time, between decode steps."),
-    max_connections: int = typer.Option(256, "--max-connections", min=1, help="Open connections and running "
-                                        "requests at most; past it: 503."),
-    stall_timeout: float = typer.Option(60.0, "--stall-timeout", min=0.1, help="/health answers 503 'stalled' when "
-                                        "rows wait and no decode step ended for this many seconds."),
-    read_timeout: float = typer.Option(30.0, "--read-timeout", min=0.1, help="Seconds a client has to send a "
-                                       "request's headers, and then its body."),
+    prefill_chunk: int = typer.Option(PREFILL_CHUNK, "--prefill-chunk", min=1, help="A longer prompt is "
+                                      "prefilled this many tokens at a time, between decode steps."),
+    max_connections: int = typer.Option(MAX_CONNECTIONS, "--max-connections", min=1, help="Open connections and "
+                                        "running requests at most; past it: 503."),
+    stall_timeout: float = typer.Option(DEFAULTS.stall_s, "--stall-timeout", min=0.1, help="/health answers 503 "
+                                        "'stalled' when rows wait and no decode step ended for this many seconds."),
+    read_timeout: float = typer.Option(HEADER_TIMEOUT_S, "--read-timeout", min=0.1, help="Seconds a client has to "
+                                       "send a request's headers, and then its body."),
 ):
     """Serve steered generation over an OpenAI-compatible HTTP API, with a playground at /."""
     from ..config import SteeringConfig
@@ -96,20 +101,16 @@ def serve(
             cfg = cfg.with_rewards([parse_reward_weight(s) for s in reward])
     else:
         cfg = None  # the packaged SmolLM2, every installed reward available, no default steering
-    if ray_address is not None or replicas is not None or ray_config is not None:  # Ray Serve replicas
-        from ..distributed.serve import serve_command
-
-        return serve_command(cfg, ray_address, replicas, ray_config, host=host, port=port,
-                             engine_limits={"max_running": max_running, "max_queue": max_queue,
-                                            "max_k_sequence": max_k_sequence, "prefill_chunk": prefill_chunk},
-                             settings={"timeout_s": timeout or None, "default_max_tokens": default_max_tokens,
-                                       "max_tokens_limit": max_tokens_limit, "max_n": max_n,
-                                       "shutdown_deadline_s": shutdown_deadline, **security}, log=err.print)
     limits = {"max_running": max_running, "max_queue": max_queue, "max_k_sequence": max_k_sequence,
               "prefill_chunk": prefill_chunk}
     settings = {"timeout_s": timeout or None, "max_tokens_limit": max_tokens_limit,
                 "default_max_tokens": default_max_tokens, "max_n": max_n, "shutdown_deadline_s": shutdown_deadline,
                 **security}
+    if ray_address is not None or replicas is not None or ray_config is not None:  # Ray Serve replicas
+        from ..distributed.serve import serve_command
+
+        return serve_command(cfg, ray_address, replicas, ray_config, host=host, port=port,
+                             engine_limits=limits, settings=settings, log=err.print)
     run_server(cfg, host=host, port=port, limits=limits, settings=settings, log_level=log_level,
                connections={"max_connections": max_connections, "header_timeout_s": read_timeout})
 
@@ -118,7 +119,7 @@ def run_server(cfg, *, host: str, port: int, limits: dict, settings: dict, log_l
                connections: dict) -> None:
     try:
         from ..serving import runner
-        from ..serving.app import ServerSettings, create_app
+        from ..serving.app import create_app
         from ..serving.engine import Engine
         from ..serving.metrics import ServerMetrics
     except ImportError as exc:

@@ -50,16 +50,14 @@ from ..errors import ServerBusyError, ServerShuttingDownError
 from ..models import context_length, text_config
 from ..steering import LARGE_K
 from ..validators import validate_int, validate_k
-from .requests import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING, FinishEvent, RowHandle, RowSpec, TokenEvent
+from .requests import (DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING, PREFILL_CHUNK, FinishEvent, RowHandle, RowSpec,
+                       TokenEvent)
 from .row_terms import RewardLookup, row_terms
 from .prefill import Prefills
 from .validation import check_cost, prepare_rows
 
 #: How long the idle loop sleeps between checks for new rows, cancellations and deadlines (seconds).
 IDLE_WAIT_S = 0.05
-
-#: A prompt longer than this many tokens is prefilled this many at a time, one chunk between decode steps.
-PREFILL_CHUNK = 256  # measured: docs/performance.md, "A long prompt beside a short request"
 
 
 #: An LM whose KV cache is sized up front (llama.cpp, ``--engine llama.cpp``) reserves at most this many tokens over

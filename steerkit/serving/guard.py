@@ -25,9 +25,7 @@ import hmac
 import ipaddress
 
 from .errors_http import HTTPError
-
-#: The names a loopback-bound server answers to.
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+from .settings import LOOPBACK_NAMES  # the names a loopback-bound server answers to
 
 
 def is_loopback(host: str) -> bool:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-#: Seconds a client has to send a request's line and headers.
-HEADER_TIMEOUT_S = 30.0
+from .settings import HEADER_TIMEOUT_S, MAX_CONNECTIONS
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -53,8 +52,8 @@ class GuardedH11Protocol(H11Protocol):
 
 
 def uvicorn_config(app, *, host: str, port: int | None = None, log_level: str = "warning",
-                   graceful_s: float = 30.0, max_connections: int = 256, header_timeout_s: float = HEADER_TIMEOUT_S,
-                   keep_alive_s: float = 5.0):
+                   graceful_s: float = 30.0, max_connections: int = MAX_CONNECTIONS,
+                   header_timeout_s: float = HEADER_TIMEOUT_S, keep_alive_s: float = 5.0):
     """The ``uvicorn.Config`` ``steerkit serve`` runs (and the tests' in-thread servers): the guarded protocol,
     at most ``max_connections`` connections and running requests (503 past it), idle keep-alive closed after
     ``keep_alive_s``."""

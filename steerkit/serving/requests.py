@@ -18,8 +18,13 @@ from typing import AsyncIterator, Iterator, Sequence
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
 
 #: Rows an engine decodes together, and rows it keeps waiting, at most, unless it is given others (``--max-running``,
-#: ``--max-queue``). Here, not in ``engine.py``, so that the CLI's defaults read them without importing torch.
+#: ``--max-queue``). The engine's limits are here, not in ``engine.py``, so that the CLI's defaults read them
+#: without importing torch.
 DEFAULT_MAX_RUNNING, DEFAULT_MAX_QUEUE = 16, 64
+
+#: A prompt longer than this many tokens is prefilled this many at a time, one chunk between decode steps
+#: (``--prefill-chunk``; measured: docs/performance.md, "A long prompt beside a short request").
+PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)

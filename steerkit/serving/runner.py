@@ -19,6 +19,7 @@ import time
 import uvicorn
 
 from .http_protocol import uvicorn_config
+from .settings import HEADER_TIMEOUT_S, MAX_CONNECTIONS
 
 #: After a second signal, the process ends this many seconds later at the latest.
 FORCE_EXIT_S = 3.0
@@ -68,7 +69,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def run(app, engine, *, host: str, port: int, deadline_s: float, log_level: str = "info",
-        max_connections: int = 256, header_timeout_s: float = 30.0, log=None) -> None:
+        max_connections: int = MAX_CONNECTIONS, header_timeout_s: float = HEADER_TIMEOUT_S, log=None) -> None:
     """Serve ``app`` (whose engine is ``engine``) on ``host:port`` until shut down (module docstring)."""
     config = uvicorn_config(app, host=host, port=port, log_level=log_level, graceful_s=deadline_s + 5.0,
                             max_connections=max_connections, header_timeout_s=header_timeout_s)
