@@ -100,7 +100,7 @@ def generate_cli(*args: str, timeout: int = 300):
 @pytest.fixture(scope="session", autouse=True)
 def session_inductor_cache(tmp_path_factory):
     """One inductor kernel cache for the whole run, shared by xdist's workers (and by the subprocesses tests start),
-    unless ``$TORCHINDUCTOR_CACHE_DIR`` is already set (``.ci/run`` sets one for both of its test stages).
+    in the run's temporary directory, not the user's steerkit cache; unless ``$TORCHINDUCTOR_CACHE_DIR`` is set.
 
     Compiling a step's shape on a CPU mostly compiles and times inductor's C++ matrix-product candidates; tests that
     compile the same tiny models' shapes then reuse those kernels instead of building them again (a shape of
