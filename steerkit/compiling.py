@@ -69,14 +69,20 @@ def inductor_cache_dir() -> str:
     """Where inductor caches compiled kernels: ``$TORCHINDUCTOR_CACHE_DIR`` when the user set it, else
     ``<steerkit cache>/inductor`` (torch writes its own default into the variable once it has read it, so that
     default counts as unset)."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
-    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if not current or current == default_cache_dir():
+    current = chosen_inductor_cache_dir()
+    if current is None:
         from .files import cache_dir
 
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = current = str(cache_dir() / "inductor")
     return current
+
+
+def chosen_inductor_cache_dir() -> str | None:
+    """``$TORCHINDUCTOR_CACHE_DIR`` where someone chose it; None where it is unset or holds torch's own default."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    return current if current and current != default_cache_dir() else None
 
 
 def _raise_recompile_limit(limit: int = 64) -> None:

@@ -107,11 +107,10 @@ def session_inductor_cache(tmp_path_factory):
     test_static_scoring.py: 45-58 s cold, 13-15 s warm on the AVX2-only CPU). Only speed depends on what another test
     left there: a kernel is cached under its own source's hash, and every compiled test compares with the eager run.
     Tests of compiling from nothing ask for :func:`inductor_cache`."""
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    from steerkit.compiling import chosen_inductor_cache_dir
 
-    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if current and current != default_cache_dir():  # torch writes its default there once read: that is not a choice
-        yield Path(current)
+    if chosen_inductor_cache_dir():
+        yield Path(chosen_inductor_cache_dir())
         return
     base = tmp_path_factory.getbasetemp()
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "inductor"
