@@ -18,6 +18,7 @@ benchmarks/results/bench_serve.json (machine load included). Run heavy work unde
     python benchmarks/bench_serve.py --levels 1 16 --setups float32/auto bfloat16/torch-int8 --rounds 3
     python benchmarks/bench_serve.py --levels 16 --setups bfloat16/torch-int8@/tmp/old bfloat16/torch-int8 --rounds 4
     python benchmarks/bench_serve.py --levels 16 --setups bfloat16/torch-int8 "bfloat16/torch-int8*2" --rounds 2
+    python benchmarks/bench_serve.py --levels 16 --setups float32/auto float32/onnx-int8:llama.cpp --rounds 2
 
 ``--setups`` compares set-ups side by side: one server each, up together, every level run on each set-up in turn,
 ``--rounds`` times in alternating order, so that the machine's drift falls on all of them; each round's tokens/s
@@ -25,7 +26,8 @@ over the first set-up's are printed and written. A set-up ending in ``@TREE`` ru
 (a ``git worktree`` of an older revision): before/after of a change in one run. A set-up with ``*N`` (before any
 ``@TREE``) is N Ray Serve replicas on a local Ray instance (``steerkit serve --ray local --replicas N``), the batch
 split between them (``--max-running`` over N each); its server-side figures (steps, rows a step) are not read, since
-``/metrics`` answers from one replica.
+``/metrics`` answers from one replica. A set-up with ``:ENGINE`` (before any ``*`` or ``@``) runs that
+``steerkit serve --engine`` (``:llama.cpp``), whatever ``--engine`` says: both engines side by side in one run.
 """
 
 from __future__ import annotations
@@ -135,21 +137,25 @@ async def run_level(url: str, bodies: list[dict], clients: int) -> dict:
             "finish_reasons": {f: sum(r["finish"] == f for r in results) for f in {r["finish"] for r in results}}}
 
 
-def parse_setup(text: str) -> dict:
-    """``DTYPE/BACKEND[+compile][*REPLICAS][@TREE]`` (as ``bench_engine_step.py --configs``): the server's
-    ``--dtype``, ``--backend`` and ``--compile``; ``REPLICAS``: Ray Serve replicas; ``TREE``: a steerkit checkout
-    (e.g. ``git worktree add --detach /tmp/old REV``) put first on the server's ``PYTHONPATH``, to compare revisions
-    side by side."""
+def parse_setup(text: str, engine: str = "steerkit") -> dict:
+    """``DTYPE/BACKEND[+compile][:ENGINE][*REPLICAS][@TREE]`` (as ``bench_engine_step.py --configs``): the server's
+    ``--dtype``, ``--backend``, ``--compile`` and ``--engine`` (``engine``, ``--engine``'s, where the set-up names
+    none); ``REPLICAS``: Ray Serve replicas; ``TREE``: a steerkit checkout (e.g. ``git worktree add --detach /tmp/old
+    REV``) put first on the server's ``PYTHONPATH``, to compare revisions side by side."""
     text_setup, _, tree = text.partition("@")
     text_setup, _, replicas = text_setup.partition("*")
+    text_setup, _, named_engine = text_setup.partition(":")
     setup, _, compiled = text_setup.partition("+")
     dtype, _, backend = setup.partition("/")
-    if (compiled not in ("", "compile") or not dtype or (tree and not (Path(tree) / "steerkit").is_dir())
+    if (compiled not in ("", "compile") or not dtype or named_engine not in ("", "steerkit", "llama.cpp")
+            or (tree and not (Path(tree) / "steerkit").is_dir())
             or not (replicas or "1").isdigit() or int(replicas or 1) < 1):
-        raise SystemExit(f"--setups: {text!r} is not DTYPE/BACKEND[+compile][*REPLICAS][@TREE] (TREE a steerkit "
-                         "checkout), e.g. bfloat16/torch-int8, bfloat16/torch-int8*2 or float32/auto@/tmp/old")
+        raise SystemExit(f"--setups: {text!r} is not DTYPE/BACKEND[+compile][:ENGINE][*REPLICAS][@TREE] (TREE a "
+                         "steerkit checkout), e.g. bfloat16/torch-int8, float32/onnx-int8:llama.cpp, "
+                         "bfloat16/torch-int8*2 or float32/auto@/tmp/old")
     return {"name": text, "dtype": dtype, "backend": backend or "auto", "compile": compiled == "compile",
-            "replicas": int(replicas or 1), "tree": str(Path(tree).resolve()) if tree else None}
+            "engine": named_engine or engine, "replicas": int(replicas or 1),
+            "tree": str(Path(tree).resolve()) if tree else None}
 
 
 class Server:
@@ -172,7 +178,7 @@ class Server:
                     "--timeout", "0",
                     "--log-level", "warning", "--backend", setup["backend"]] + (
                         # only what differs from the defaults: a tree from before --engine/--dtype existed can run
-                        ["--engine", args.engine] if args.engine != "steerkit" else []) + (
+                        ["--engine", setup["engine"]] if setup["engine"] != "steerkit" else []) + (
                         ["--compile"] if setup["compile"] else []) + (
                         ["--dtype", setup["dtype"]] if setup["dtype"] != "float32" else []) + (
                         ["--ray", "local", "--replicas", str(replicas)] if replicas > 1 else [])
@@ -251,7 +257,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="steerkit serve --compile (the static-shape step; "
                         "the server compiles its row buckets before it answers /health)")
     parser.add_argument("--dtype", default="float32", help="steerkit serve --dtype: float32, bfloat16 or int8")
-    parser.add_argument("--setups", nargs="+", metavar="DTYPE/BACKEND[+compile]",
+    parser.add_argument("--setups", nargs="+", metavar="DTYPE/BACKEND[+compile][:ENGINE]",
                         help="several set-ups compared side by side: one server each, up together (idle but for the "
                         "one measured), each level run on every set-up in turn, --rounds times, the order reversed "
                         "every round; prints each round's tokens/s over the first set-up's (overrides --dtype, "
@@ -259,7 +265,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="with --setups: rounds over the set-ups")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_serve.json")
     args = parser.parse_args()
-    setups = [parse_setup(text) for text in
+    setups = [parse_setup(text, args.engine) for text in
               args.setups or [f"{args.dtype}/{args.backend}" + ("+compile" if args.compile else "")]]
     bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens, "temperature": 1.0,
                "seed": i, "k": args.k, "rewards": {"toxicity": args.beta}, "stream": True}
