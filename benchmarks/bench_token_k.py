@@ -15,7 +15,8 @@ The sequence reward is not run at the whole vocabulary: its block mask alone wou
         --sequence-max-k 200 --out benchmarks/results/bench_lm_state.json \
         --plot docs/results/lm_state_step_time_vs_k.png
 
-Writes benchmarks/results/bench_token_k.json and, with matplotlib, docs/results/token_step_time_vs_k.png.
+Writes benchmarks/results/bench_token_k.json and, with matplotlib, docs/results/token_step_time_vs_k.png (another
+``--out``: its path with .png, unless ``--plot`` says where).
 """
 
 from __future__ import annotations
@@ -24,17 +25,23 @@ import argparse
 import json
 import os
 import platform
+import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
 
 from steerkit.decoding import RewardAugmentedGenerator
+from steerkit.files import atomic_write_text
 from steerkit.models import load_causal_lm_cached
 from steerkit.rewards.loading import load_reward
 from steerkit.rewards.token.model import TokenRewardModel
 from steerkit.rewards.token.session import TokenReward
 from steerkit.steering import SteeringTerm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_info import cpu_flags  # noqa: E402
 
 PROMPTS = ["The weather in Paris today is", "My neighbour told me that the new restaurant",
            "Scientists have discovered a new species of", "When I opened the door, I saw",
@@ -66,7 +73,8 @@ def plot(results: dict, vocab: int, out: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(max(7.5, 5 * len(results)), 4), sharey=False, squeeze=False)
+    axes = axes[0]
     for ax, (setting, rows) in zip(axes, results.items()):
         for kind, style in zip(rows, ("k:", "o-", "s-", "^--")):
             points = sorted((int(k), ms) for k, ms in rows[kind].items() if ms is not None)
@@ -78,7 +86,8 @@ def plot(results: dict, vocab: int, out: Path) -> bool:
         ax.set_title(setting)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    fig.suptitle("RAD step time against k: sequence vs token-level reward (SmolLM2-135M, 1 CPU thread)")
+    fig.suptitle("RAD step time against k:" + ("\n" if len(results) == 1 else " ") +
+                 "sequence vs token-level reward (SmolLM2-135M, 1 CPU thread)")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -89,15 +98,24 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds over every setting, the order of plain and the "
+                        "rewards reversed every round (a noisy machine's drift falls on all of them); the table "
+                        "gives each time's median over the rounds, the ratios the median of each round's ratio")
     parser.add_argument("--token-layers", type=int, default=6,
                         help="also time an untrained token-level model of this depth (0: skip)")
     parser.add_argument("--sequence-max-k", type=int, default=1000, help="largest k run with the sequence reward")
     parser.add_argument("--rewards", default="toxicity,toxicity-token",
                         help="registered rewards to time, comma-separated")
     parser.add_argument("--batches", default="1,8", help="batch sizes, comma-separated")
-    parser.add_argument("--out", default=str(ROOT / "results" / "bench_token_k.json"))
-    parser.add_argument("--plot", default=str(ROOT.parent / "docs" / "results" / "token_step_time_vs_k.png"))
+    default_out = str(ROOT / "results" / "bench_token_k.json")
+    parser.add_argument("--out", default=default_out)
+    parser.add_argument("--plot", default=None, help="the plot's path (default: docs/results/token_step_time_vs_k.png "
+                        "with the default --out, else --out's path with .png): another --out never overwrites "
+                        "the plot docs/performance.md shows")
     args = parser.parse_args()
+    if args.plot is None:
+        args.plot = (str(ROOT.parent / "docs" / "results" / "token_step_time_vs_k.png") if args.out == default_out
+                     else str(Path(args.out).with_suffix(".png")))
     torch.set_num_threads(1)
     lm, tok, _ = load_causal_lm_cached("smollm2-135m-instruct")
     vocab = lm.config.vocab_size
@@ -107,30 +125,44 @@ def main():
         deeper = TokenRewardModel.from_backbone("smollm2-135m-instruct", args.token_layers, name="deeper").eval()
         rewards[f"token, {args.token_layers} layers"] = TokenReward(deeper)
     load_before = os.getloadavg()
-    results: dict = {}
-    for rows in (int(b) for b in args.batches.split(",")):
-        setting = f"batch {rows}"
-        table = results[setting] = {"plain": {}, **{name: {} for name in rewards}}
-        for k in ks:
-            table["plain"][k] = step_ms(lm, tok, [], k, rows, args.steps, args.repeats)
-            for name, reward in rewards.items():
-                if name == "toxicity" and k > args.sequence_max_k:
-                    table[name][k] = None
-                    continue
-                slow = name == "toxicity" and k > 200  # seconds per step: one repeat
-                table[name][k] = step_ms(lm, tok, [SteeringTerm(reward, -10.0)], k, rows, args.steps,
-                                         1 if slow else args.repeats)
-            line = "  ".join(f"{n} {v[k]:8.1f} ms" if v[k] is not None else f"{n} (not run)" for n, v in table.items())
-            print(f"{setting} k={k:6d}: {line}", flush=True)
-    ratios = {s: {name: {k: (t[name][k] / t["plain"][k] if t[name][k] is not None else None) for k in ks}
-                  for name in rewards} for s, t in results.items()}
+    names = ["plain", *rewards]
+    rounds: list[dict] = []  # per round: {setting: {name: {k: ms}}}
+    for r in range(args.rounds):
+        measured: dict = {}
+        for rows in (int(b) for b in args.batches.split(",")):
+            setting = f"batch {rows}"
+            table = measured[setting] = {name: {} for name in names}
+            for k in ks:
+                for name in (names if r % 2 == 0 else reversed(names)):  # the order reversed every round
+                    if name == "plain":
+                        table[name][k] = step_ms(lm, tok, [], k, rows, args.steps, args.repeats)
+                        continue
+                    if name == "toxicity" and k > args.sequence_max_k:
+                        table[name][k] = None
+                        continue
+                    slow = name == "toxicity" and k > 200  # seconds per step: one repeat
+                    table[name][k] = step_ms(lm, tok, [SteeringTerm(rewards[name], -10.0)], k, rows, args.steps,
+                                             1 if slow else args.repeats)
+                line = "  ".join(f"{n} {v[k]:8.1f} ms" if v[k] is not None else f"{n} (not run)"
+                                 for n, v in table.items())
+                print(f"{f'round {r + 1} ' if args.rounds > 1 else ''}{setting} k={k:6d}: {line}", flush=True)
+        rounds.append(measured)
+    # one round: its times; several: each time's median over the rounds (ratios: the median of each round's ratio)
+    results = {s: {n: {k: (None if rounds[0][s][n][k] is None else statistics.median(m[s][n][k] for m in rounds))
+                       for k in ks} for n in names} for s in rounds[0]}
+    per_round = [{s: {name: {k: (t[name][k] / t["plain"][k] if t[name][k] is not None else None) for k in ks}
+                      for name in rewards} for s, t in m.items()} for m in rounds]
+    ratios = {s: {name: {k: (None if per_round[0][s][name][k] is None
+                             else statistics.median(p[s][name][k] for p in per_round)) for k in ks}
+                  for name in rewards} for s in results}
     payload = {"benchmark": "bench_token_k", "lm": "smollm2-135m-instruct", "vocab_size": vocab, "ks": ks,
                "steps": args.steps, "repeats": args.repeats, "torch_threads": torch.get_num_threads(),
-               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+               "machine": platform.processor() or platform.machine(), "cpu": cpu_flags(), "cpus": os.cpu_count(),
                "load_average_before": load_before, "load_average_after": os.getloadavg(),
-               "step_ms": results, "over_plain": ratios}
+               "rounds": args.rounds, "step_ms": results, "over_plain": ratios,
+               **({"over_plain_per_round": per_round, "step_ms_per_round": rounds} if args.rounds > 1 else {})}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(payload, indent=2))
+    atomic_write_text(Path(args.out), json.dumps(payload, indent=2))
     for setting, per in ratios.items():
         for name, values in per.items():
             print(f"{setting} {name}/plain: " + "  ".join(f"k={k}: {v:.2f}x" if v is not None else f"k={k}: -"
