@@ -14,6 +14,7 @@ engine`` runs it on two revisions side by side (it uses only the engine's public
     python benchmarks/bench_engine_step.py --rows 16 --tokens 24
     python benchmarks/bench_engine_step.py --configs float32/torch float32/onnx-int8+compile \
         bfloat16/torch-bf16-compute bfloat16/torch-bf16-compute+compile
+    python benchmarks/bench_engine_step.py --configs float32/auto float32/onnx-int8 --beta -20 --rounds 3
 """
 
 from __future__ import annotations
@@ -50,17 +51,18 @@ class StepTimes:
 PROMPTS = ["The weather today is", "My favourite food is", "Tell me about the sea.", "The city at night"]
 
 
-def engine_run(model, tokenizer, reward, rows: int, tokens: int, k: int) -> tuple[list[float], list[list[int]]]:
-    """``rows`` seeded rows (different seeds and β) of ``tokens`` tokens through an engine running ``model`` (an LM as
-    :func:`steerkit.assembly.lm_runner` makes it) with ``reward`` as ``toxicity``: the step times (s) while all rows
-    ran, and each row's tokens."""
+def engine_run(model, tokenizer, reward, rows: int, tokens: int, k: int,
+               beta: float | None = None) -> tuple[list[float], list[list[int]]]:
+    """``rows`` seeded rows (different seeds and β: -5, -6, -7 in turn, or every row ``beta``) of ``tokens`` tokens
+    through an engine running ``model`` (an LM as :func:`steerkit.assembly.lm_runner` makes it) with ``reward`` as
+    ``toxicity``: the step times (s) while all rows ran, and each row's tokens."""
     from steerkit.serving.engine import Engine
     from steerkit.serving.requests import RowSpec
 
     times = StepTimes(rows)
     engine = Engine(model, tokenizer, {"toxicity": reward}, default_k=k, max_running=rows, max_queue=rows,
                     observer=times)
-    specs = [RowSpec(PROMPTS[i % len(PROMPTS)], tokens, temperature=1.0, k=k, rewards={"toxicity": -5.0 - i % 3},
+    specs = [RowSpec(PROMPTS[i % len(PROMPTS)], tokens, temperature=1.0, k=k, rewards={"toxicity": -5.0 - i % 3 if beta is None else beta},
                      seed=1000 + i) for i in range(rows)]
     engine.start()
     try:
@@ -75,7 +77,7 @@ def run(lm, tokenizer, reward, args, dtype: str, compile: bool) -> tuple[list[fl
     from steerkit.assembly import lm_runner
 
     seconds, out = engine_run(lm_runner(lm, compile=compile, dtype=dtype), tokenizer, reward, args.rows, args.tokens,
-                              args.k)
+                              args.k, args.beta)
     return seconds, sum(len(ids) for ids in out)
 
 
@@ -84,37 +86,62 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--k", type=int, default=20)
+    parser.add_argument("--beta", type=float, default=None, help="every row's β (default: -5, -6 and -7 in turn; "
+                        "bench_serve.py's requests use -20)")
     parser.add_argument("--configs", nargs="+", default=["float32/auto"],
                         help="DTYPE/BACKEND[+compile] set-ups, run in this order; ratios are against the first")
+    parser.add_argument("--rounds", type=int, default=1, help="rounds over the set-ups, the order reversed every "
+                        "round (a noisy machine's drift falls on all of them): a set-up's step time is the median "
+                        "of its rounds' medians, and each round's ratio to the first set-up is printed and written")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "bench_engine_step.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    from steerkit.files import atomic_write_text
     from steerkit.models import load_causal_lm_cached
     from steerkit.rewards.loading import load_reward
 
     lm, tokenizer, _ = load_causal_lm_cached("smollm2-135m-instruct")
     load_before = os.getloadavg()
+    rewards = {}  # one reward per backend: every round and set-up of a backend scores with the same one
+    per_round: dict[str, list[dict]] = {config: [] for config in args.configs}
+    for r in range(args.rounds):
+        for config in (args.configs if r % 2 == 0 else list(reversed(args.configs))):
+            setup, _, compiled = config.partition("+")
+            dtype, _, backend = setup.partition("/")
+            if (backend or "auto") not in rewards:
+                rewards[backend or "auto"] = load_reward("toxicity", backend=backend or "auto")
+            steps, tokens = run(lm, tokenizer, rewards[backend or "auto"], args, dtype, compiled == "compile")
+            steps = steps[1:] if compiled else steps  # a compiled run's first full step may still compile
+            per_round[config].append({"tokens": tokens, "steps_timed": len(steps),
+                                      "step_ms_median": 1000 * statistics.median(steps),
+                                      "step_ms_min": 1000 * min(steps)})
+            done = per_round[config][-1]
+            print(f"{f'round {r + 1} ' if args.rounds > 1 else ''}{args.rows} rows, {config}: step "
+                  f"{done['step_ms_median']:.1f} ms median, {done['step_ms_min']:.1f} ms min over "
+                  f"{done['steps_timed']} steps", flush=True)
+    first = args.configs[0]
     rows = []
     for config in args.configs:
         setup, _, compiled = config.partition("+")
         dtype, _, backend = setup.partition("/")
-        steps, tokens = run(lm, tokenizer, load_reward("toxicity", backend=backend or "auto"), args, dtype,
-                            compiled == "compile")
-        steps = steps[1:] if compiled else steps  # a compiled run's first full step may still compile
+        measured = per_round[config]
+        ratios = [f["step_ms_median"] / m["step_ms_median"] for f, m in zip(per_round[first], measured)]
         rows.append({"config": config, "dtype": dtype, "backend": backend or "auto", "compile": compiled == "compile",
-                     "tokens": tokens, "steps_timed": len(steps), "step_ms_median": 1000 * statistics.median(steps),
-                     "step_ms_min": 1000 * min(steps)})
-        first = rows[0]["step_ms_median"]
-        print(f"{args.rows} rows, {config}: step {rows[-1]['step_ms_median']:.1f} ms median, "
-              f"{rows[-1]['step_ms_min']:.1f} ms min over {len(steps)} steps; {first / rows[-1]['step_ms_median']:.2f}x "
-              f"the first", flush=True)
+                     "tokens": measured[0]["tokens"], "steps_timed": sum(m["steps_timed"] for m in measured),
+                     "step_ms_median": statistics.median(m["step_ms_median"] for m in measured),
+                     "step_ms_min": min(m["step_ms_min"] for m in measured),
+                     **({"rounds": measured, "speed_over_first_per_round": ratios} if args.rounds > 1 else {})})
+        print(f"{args.rows} rows, {config}: step {rows[-1]['step_ms_median']:.1f} ms median"
+              f"{' of the rounds' if args.rounds > 1 else ''}; {statistics.median(ratios):.2f}x the first"
+              + (f" (rounds: {', '.join(f'{x:.2f}' for x in ratios)})" if args.rounds > 1 else ""), flush=True)
     result = {"benchmark": "bench_engine_step", "rows": args.rows, "tokens_per_row": args.tokens, "k": args.k,
+              "beta": args.beta if args.beta is not None else "-5, -6, -7 by row", "rounds": args.rounds,
               "torch_threads": 1, "configs": rows, **{key: rows[0][key] for key in
                                                          ("tokens", "steps_timed", "step_ms_median", "step_ms_min")},
               "machine": platform.processor() or platform.machine(), "cpu": cpu_flags(),
               "load_average_before": load_before, "load_average": os.getloadavg()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    atomic_write_text(args.out, json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
