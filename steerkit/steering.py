@@ -16,13 +16,8 @@ import torch
 
 from .errors import InvalidArgumentError, SteerkitWarning
 from .rewards.base import Reward, RewardSession
+from .limits import LARGE_K  # noqa: F401 (steerkit.steering.LARGE_K, as before)
 from .validators import MAX_ABS_BETA, validate_beta, validate_int
-
-#: Above this many candidates per step, a sequence-level reward (one reward-model position per candidate,
-#: every step) costs far more than the LM itself: the paper and steerkit's defaults use k = 20 (1.1–1.35× the
-#: plain decode time), k = 50 is already past the point where larger k changes the steered text, and at
-#: k = 200 each step scores ten times the default's candidates.
-LARGE_K = 200
 
 @dataclass(frozen=True)
 class BetaSchedule:

@@ -16,6 +16,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import InvalidArgumentError
+from ..limits import LARGE_K
 from ..serving.requests import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING, PREFILL_CHUNK
 from ..serving.settings import HEADER_TIMEOUT_S, MAX_CONNECTIONS, ServerSettings
 from .common import BACKEND_HELP, COMPILE_HELP, DTYPE_HELP, ENGINE_HELP, err, parse_reward_weight
@@ -68,7 +69,7 @@ def serve(
                                             "header name to answer besides the bound address ('*': any)."),
     allowed_origins: List[str] = typer.Option([], "--allowed-origins", metavar="ORIGIN", help="Repeatable: a web "
                                               "origin that may call the API from a browser (CORS). \\[default: none]"),
-    max_k_sequence: int = typer.Option(200, "--max-k-sequence", min=1, help="Largest k a row may use with a "
+    max_k_sequence: int = typer.Option(LARGE_K, "--max-k-sequence", min=1, help="Largest k a row may use with a "
                                        "sequence reward (each candidate is a reward-model forward); past it: 400."),
     prefill_chunk: int = typer.Option(PREFILL_CHUNK, "--prefill-chunk", min=1, help="A longer prompt is "
                                       "prefilled this many tokens at a time, between decode steps."),
