@@ -16,7 +16,7 @@ import torch
 
 from .errors import InvalidArgumentError, SteerkitWarning
 from .rewards.base import Reward, RewardSession
-from .limits import LARGE_K  # noqa: F401 (steerkit.steering.LARGE_K, as before)
+from .limits import LARGE_K
 from .validators import MAX_ABS_BETA, validate_beta, validate_int
 
 @dataclass(frozen=True)
