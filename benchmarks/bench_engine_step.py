@@ -62,8 +62,8 @@ def engine_run(model, tokenizer, reward, rows: int, tokens: int, k: int,
     times = StepTimes(rows)
     engine = Engine(model, tokenizer, {"toxicity": reward}, default_k=k, max_running=rows, max_queue=rows,
                     observer=times)
-    specs = [RowSpec(PROMPTS[i % len(PROMPTS)], tokens, temperature=1.0, k=k, rewards={"toxicity": -5.0 - i % 3 if beta is None else beta},
-                     seed=1000 + i) for i in range(rows)]
+    specs = [RowSpec(PROMPTS[i % len(PROMPTS)], tokens, temperature=1.0, k=k,
+                     rewards={"toxicity": -5.0 - i % 3 if beta is None else beta}, seed=1000 + i) for i in range(rows)]
     engine.start()
     try:
         out = [h.result(timeout=1800).token_ids for h in engine.submit_all(specs)]
@@ -79,6 +79,13 @@ def run(lm, tokenizer, reward, args, dtype: str, compile: bool) -> tuple[list[fl
     seconds, out = engine_run(lm_runner(lm, compile=compile, dtype=dtype), tokenizer, reward, args.rows, args.tokens,
                               args.k, args.beta)
     return seconds, sum(len(ids) for ids in out)
+
+
+def parse_config(config: str) -> dict:
+    """``DTYPE/BACKEND[+compile]``: the set-up's dtype, backend (``auto`` where none is named) and compile flag."""
+    setup, _, compiled = config.partition("+")
+    dtype, _, backend = setup.partition("/")
+    return {"dtype": dtype, "backend": backend or "auto", "compile": compiled == "compile"}
 
 
 def main() -> None:
@@ -102,31 +109,27 @@ def main() -> None:
 
     lm, tokenizer, _ = load_causal_lm_cached("smollm2-135m-instruct")
     load_before = os.getloadavg()
-    rewards = {}  # one reward per backend: every round and set-up of a backend scores with the same one
-    per_round: dict[str, list[dict]] = {config: [] for config in args.configs}
+    setups = [parse_config(config) for config in args.configs]  # by position: a set-up may be listed twice
+    # one reward per backend: every round and set-up of a backend scores with the same one
+    rewards = {backend: load_reward("toxicity", backend=backend) for backend in {s["backend"] for s in setups}}
+    per_round: list[list[dict]] = [[] for _ in args.configs]
+    order = list(range(len(args.configs)))
     for r in range(args.rounds):
-        for config in (args.configs if r % 2 == 0 else list(reversed(args.configs))):
-            setup, _, compiled = config.partition("+")
-            dtype, _, backend = setup.partition("/")
-            if (backend or "auto") not in rewards:
-                rewards[backend or "auto"] = load_reward("toxicity", backend=backend or "auto")
-            steps, tokens = run(lm, tokenizer, rewards[backend or "auto"], args, dtype, compiled == "compile")
-            steps = steps[1:] if compiled else steps  # a compiled run's first full step may still compile
-            per_round[config].append({"tokens": tokens, "steps_timed": len(steps),
+        for i in (order if r % 2 == 0 else order[::-1]):
+            config, setup = args.configs[i], setups[i]
+            steps, tokens = run(lm, tokenizer, rewards[setup["backend"]], args, setup["dtype"], setup["compile"])
+            steps = steps[1:] if setup["compile"] else steps  # a compiled run's first full step may still compile
+            per_round[i].append({"tokens": tokens, "steps_timed": len(steps),
                                       "step_ms_median": 1000 * statistics.median(steps),
                                       "step_ms_min": 1000 * min(steps)})
-            done = per_round[config][-1]
+            done = per_round[i][-1]
             print(f"{f'round {r + 1} ' if args.rounds > 1 else ''}{args.rows} rows, {config}: step "
                   f"{done['step_ms_median']:.1f} ms median, {done['step_ms_min']:.1f} ms min over "
                   f"{done['steps_timed']} steps", flush=True)
-    first = args.configs[0]
     rows = []
-    for config in args.configs:
-        setup, _, compiled = config.partition("+")
-        dtype, _, backend = setup.partition("/")
-        measured = per_round[config]
-        ratios = [f["step_ms_median"] / m["step_ms_median"] for f, m in zip(per_round[first], measured)]
-        rows.append({"config": config, "dtype": dtype, "backend": backend or "auto", "compile": compiled == "compile",
+    for config, setup, measured in zip(args.configs, setups, per_round):
+        ratios = [f["step_ms_median"] / m["step_ms_median"] for f, m in zip(per_round[0], measured)]
+        rows.append({"config": config, **setup,
                      "tokens": measured[0]["tokens"], "steps_timed": sum(m["steps_timed"] for m in measured),
                      "step_ms_median": statistics.median(m["step_ms_median"] for m in measured),
                      "step_ms_min": min(m["step_ms_min"] for m in measured),

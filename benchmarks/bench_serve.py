@@ -65,6 +65,12 @@ PROMPTS = [
 ]
 
 
+def request_bodies(requests: int, max_tokens: int = 32, k: int = 20, beta: float = -20.0) -> list[dict]:
+    """The benchmark's streaming completion requests: sampled, a seed each (its index), steered by ``toxicity``."""
+    return [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": max_tokens, "temperature": 1.0, "seed": i, "k": k,
+             "rewards": {"toxicity": beta}, "stream": True} for i in range(requests)]
+
+
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -147,7 +153,9 @@ def parse_setup(text: str, engine: str = "steerkit") -> dict:
     text_setup, _, named_engine = text_setup.partition(":")
     setup, _, compiled = text_setup.partition("+")
     dtype, _, backend = setup.partition("/")
-    if (compiled not in ("", "compile") or not dtype or named_engine not in ("", "steerkit", "llama.cpp")
+    from steerkit.validators import ENGINES
+
+    if (compiled not in ("", "compile") or not dtype or (named_engine and named_engine not in ENGINES)
             or (tree and not (Path(tree) / "steerkit").is_dir())
             or not (replicas or "1").isdigit() or int(replicas or 1) < 1):
         raise SystemExit(f"--setups: {text!r} is not DTYPE/BACKEND[+compile][:ENGINE][*REPLICAS][@TREE] (TREE a "
@@ -267,9 +275,7 @@ def main() -> None:
     args = parser.parse_args()
     setups = [parse_setup(text, args.engine) for text in
               args.setups or [f"{args.dtype}/{args.backend}" + ("+compile" if args.compile else "")]]
-    bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens, "temperature": 1.0,
-               "seed": i, "k": args.k, "rewards": {"toxicity": args.beta}, "stream": True}
-              for i in range(args.requests)]
+    bodies = request_bodies(args.requests, args.max_tokens, args.k, args.beta)
 
     load_before = os.getloadavg()
     servers: list[Server] = []

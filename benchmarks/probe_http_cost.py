@@ -28,17 +28,19 @@ from pathlib import Path
 os.environ.update(STEERKIT_THREADS="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                   STEERKIT_PLUGINS="toxicity")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import Server, parse_setup, show  # noqa: E402
+from bench_serve import Server, parse_setup, request_bodies, show  # noqa: E402
 from cpu_info import cpu_flags  # noqa: E402
 
 from steerkit.files import atomic_write_text  # noqa: E402
 
 
 def in_process(engine, bodies: list[dict]) -> dict:
-    from steerkit.serving.requests import RowSpec
+    """The requests' rows, as the HTTP layer makes them (``build_specs``: the same seeds), through ``engine``."""
+    from steerkit.serving.completions import build_specs
 
-    specs = [RowSpec(b["prompt"], b["max_tokens"], temperature=b["temperature"], k=b["k"], rewards=b["rewards"],
-                     seed=b["seed"]) for b in bodies]
+    specs = [spec for b in bodies for spec in build_specs(
+        [b["prompt"]], n=1, seed=b["seed"], max_tokens=b["max_tokens"], temperature=b["temperature"], k=b["k"],
+        rewards=b["rewards"], stop=(), trace=False, timeout_s=None)[0]]
     start = time.perf_counter()
     handles = engine.submit_all(specs)
     tokens = sum(len(h.result(timeout=1800).token_ids) for h in handles)
@@ -55,19 +57,17 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from bench_serve import PROMPTS
     from steerkit.config import SteeringConfig
     from steerkit.serving.engine import Engine
 
     assert torch.get_num_threads() == 1
-    bodies = [{"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 32, "temperature": 1.0, "seed": i, "k": 20,
-               "rewards": {"toxicity": -20.0}, "stream": True} for i in range(args.requests)]
+    bodies = request_bodies(args.requests)
     load_before = os.getloadavg()
     server = Server(argparse.Namespace(requests=args.requests), parse_setup("float32/auto"), args.clients)
     engine = None
     try:
         server.wait_healthy(bodies)
-        # as `steerkit serve --max-running 16 --max-queue 64` builds it (no config: the packaged LM, every reward)
+        # as the server above is built (`steerkit serve --lm ... --backend auto --max-running 16 --max-queue 64`)
         engine = Engine.from_config(SteeringConfig().with_overrides({"lm": "smollm2-135m-instruct", "backend": "auto"}),
                                     max_running=args.clients, max_queue=max(64, args.requests))
         engine.start()

@@ -15,8 +15,8 @@ from typing import Callable, Literal
 import torch
 
 from .errors import InvalidArgumentError, SteerkitWarning
-from .rewards.base import Reward, RewardSession
 from .limits import LARGE_K
+from .rewards.base import Reward, RewardSession
 from .validators import MAX_ABS_BETA, validate_beta, validate_int
 
 @dataclass(frozen=True)

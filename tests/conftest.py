@@ -109,8 +109,9 @@ def session_inductor_cache(tmp_path_factory):
     Tests of compiling from nothing ask for :func:`inductor_cache`."""
     from steerkit.compiling import chosen_inductor_cache_dir
 
-    if chosen_inductor_cache_dir():
-        yield Path(chosen_inductor_cache_dir())
+    chosen = chosen_inductor_cache_dir()
+    if chosen:
+        yield Path(chosen)
         return
     base = tmp_path_factory.getbasetemp()
     shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "inductor"
