@@ -77,14 +77,16 @@ def test_ray_serve_hands_a_replica_as_many_requests_as_its_engine_holds():
     """Ray Serve gives a replica at most ``max_ongoing_requests`` requests at once (its default, 5, would cap each
     replica's continuous batch at 5 rows whatever ``--max-running`` says): steerkit's deployment sets it to the rows
     the replica's engine holds, running and queued."""
-    from ray.serve._private.constants import DEFAULT_MAX_ONGOING_REQUESTS
+    from ray import serve
 
-    from steerkit.config import SteeringConfig
-    from steerkit.distributed.serve import ReplicaConfig, deployment, max_ongoing_requests
+    from steerkit.distributed.serve import ReplicaConfig, max_ongoing_requests, replica_deployment
     from steerkit.serving.engine import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING
 
-    assert DEFAULT_MAX_ONGOING_REQUESTS < DEFAULT_MAX_RUNNING  # what this guards against
+    class Plain:
+        pass
+
+    assert serve.deployment(Plain).max_ongoing_requests < DEFAULT_MAX_RUNNING  # Ray's default: what this guards against
     assert max_ongoing_requests({"max_running": 8, "max_queue": 32}) == 40
     assert max_ongoing_requests(None) == DEFAULT_MAX_RUNNING + DEFAULT_MAX_QUEUE
-    app = deployment(SteeringConfig(), ReplicaConfig(replicas=2), engine_limits={"max_running": 8, "max_queue": 32})
-    assert app._bound_deployment.max_ongoing_requests == 40  # the Deployment the application binds
+    dep = replica_deployment(ReplicaConfig(replicas=2), engine_limits={"max_running": 8, "max_queue": 32})
+    assert dep.max_ongoing_requests == 40 and dep.num_replicas == 2  # what serve.run is given, through Ray's API

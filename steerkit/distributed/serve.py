@@ -83,6 +83,14 @@ def max_ongoing_requests(engine_limits: dict | None = None) -> int:
 def deployment(steering_config, replica_config: ReplicaConfig, *, engine_limits: dict | None = None,
                settings=None, name: str = "steerkit"):
     """The bound Ray Serve application (pass it to ``serve.run``)."""
+    dep = replica_deployment(replica_config, engine_limits=engine_limits, name=name)
+    return dep.bind(steering_config, dict(engine_limits or {}), asdict(settings) if settings else {},
+                    replica_config.threads_per_replica)
+
+
+def replica_deployment(replica_config: ReplicaConfig, *, engine_limits: dict | None = None, name: str = "steerkit"):
+    """The Ray Serve ``Deployment`` of the replicas, not yet bound to a config: its replicas, their CPUs and GPUs,
+    the environment they inherit, and the requests each is handed at once (:func:`max_ongoing_requests`)."""
     from .cluster import forwarded_env
 
     serve = import_serve()
@@ -93,10 +101,8 @@ def deployment(steering_config, replica_config: ReplicaConfig, *, engine_limits:
     options = {"num_cpus": cfg.threads_per_replica, "num_gpus": cfg.gpus_per_replica,
                "runtime_env": {"env_vars": forwarded_env()}}
     ingress = serve.ingress()(_Replica)
-    dep = serve.deployment(ingress, name=name, ray_actor_options=options,
-                           max_ongoing_requests=max_ongoing_requests(engine_limits), **scaling)
-    return dep.bind(steering_config, dict(engine_limits or {}), asdict(settings) if settings else {},
-                    cfg.threads_per_replica)
+    return serve.deployment(ingress, name=name, ray_actor_options=options,
+                            max_ongoing_requests=max_ongoing_requests(engine_limits), **scaling)
 
 
 def start_replicas(steering_config, replica_config: ReplicaConfig, *, address: str, host: str = "127.0.0.1",
