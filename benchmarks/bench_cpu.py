@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 
 from steerkit.files import atomic_write_text
+from steerkit.llama_cpp_lib import load_llama
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_info import cpu_flags  # noqa: E402
@@ -179,10 +180,8 @@ def alternated_rounds(runs: dict, rounds: int) -> list[dict]:
 def target_rounds(rounds: int, files: dict, tokenizer, hf, tokens: int, prompts) -> dict:
     """Issue 25's batch-1 target rows, alternated for ``rounds`` rounds: ms per token per round, and each target's
     ratio per round (a steered row with each reward backend; its best backend decides)."""
-    import llama_cpp
-
-    llms = {w: llama_cpp.Llama(model_path=str(files[w]), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False,
-                               seed=0) for w in ("Q4_1", "F32")}
+    llms = {w: load_llama(str(files[w]), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False, seed=0)
+            for w in ("Q4_1", "F32")}
     llama_lm, state_lm = llama_engine_lms(files["Q4_1"], tokenizer)
     runs = {"Q4_1": lambda: llama_own_loop(llms["Q4_1"], tokenizer, {}, tokens, prompts),
             "F32": lambda: llama_own_loop(llms["F32"], tokenizer, {}, tokens, prompts),
@@ -280,7 +279,7 @@ def main() -> None:
               f"(floor {floor:.2f})", flush=True)
 
     for weights, path in files.items():
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False, seed=0)
+        llm = load_llama(str(path), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False, seed=0)
         for steering, rewards in REWARDS.items():
             if steering != "plain" and weights != "Q4_1":
                 continue

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from steerkit.files import atomic_write_text
+from steerkit.llama_cpp_lib import load_llama
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_cpu import LM, PROMPTS, llama_own_loop  # noqa: E402
@@ -148,8 +149,7 @@ def main() -> None:
 
     base = None
     if have_llama:
-        llm = llama_cpp.Llama(model_path=str(resolve(LM).location), n_ctx=512, n_threads=1, n_threads_batch=1,
-                              verbose=False, seed=0)
+        llm = load_llama(str(resolve(LM).location), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False, seed=0)
         base = lambda: llama_own_loop(llm, tokenizer, {}, args.tokens, PROMPTS[:3])  # noqa: E731
         base()
     report = {}

@@ -70,6 +70,7 @@ def main() -> None:
 
     from steerkit.engine.llama_cpp_lm import LlamaCppLM
     from steerkit.files import atomic_write_text
+    from steerkit.llama_cpp_lib import load_llama
     from steerkit.models import load_tokenizer, resolve
     from steerkit.threads import set_threads
     from steerkit_toxicity import MODEL_DIR as shipped
@@ -82,7 +83,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="probe_reward_depth_"))
     try:
         models = {d: cut_copy(shipped, d, scratch) for d in args.depths}
-        llm = llama_cpp.Llama(model_path=str(q4), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False, seed=0)
+        llm = load_llama(str(q4), n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False, seed=0)
         llama_lm = (LlamaCppLM(str(q4), threads=1), tokenizer)
         base = "llama.cpp's own loop, Q4_1, plain"
         runs = {base: lambda: bench_cpu.llama_own_loop(llm, tokenizer, {}, args.tokens, prompts)}

@@ -4,6 +4,7 @@
 
 :func:`load` imports it (a missing build is the caller's typed error, with :data:`INSTALL`) and, once per process,
 sends llama.cpp's log to stderr only for errors: llama.cpp logs every model load and context line by default.
+:func:`model_params` are the parameters of every model steerkit loads (:func:`load_llama` for ``llama_cpp.Llama``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,49 @@ def load(error: type[Exception], what: str):
             _callback = _log
             llama_cpp.llama_backend_init()
     return llama_cpp
+
+
+def uses_amx(lib) -> bool:
+    """Whether this llama.cpp build multiplies on AMX on this CPU: its system info reads ``AMX_INT8 = 1`` (built
+    with AMX, as ``-DGGML_NATIVE=ON`` builds on a CPU that has it, and running on one)."""
+    return b"AMX_INT8 = 1" in (lib.llama_print_system_info() or b"")
+
+
+def model_params(lib):
+    """llama.cpp's model parameters for every model steerkit loads: on the CPU (no GPU layers) and, where the build
+    uses AMX (:func:`uses_amx`), without llama.cpp's extra buffer types, the AMX weight repacking. With it, the first
+    decode of the packaged SmolLM2 Q4_1 model segfaulted in llama-cpp-python 0.3.36 on a Xeon with AMX, in
+    llama.cpp's own generate as in steerkit's; without it the model runs there (the crash is llama.cpp's: see
+    ggml-org/llama.cpp#20824; docs/llama_cpp.md, "CPUs with AMX")."""
+    params = lib.llama_model_default_params()
+    params.n_gpu_layers = 0
+    if uses_amx(lib):
+        params.use_extra_bufts = False
+    return params
+
+
+_default_params_lock = threading.Lock()
+
+
+def load_llama(model_path, **kwargs):
+    """``llama_cpp.Llama(model_path=model_path, **kwargs)``, loaded with :func:`model_params`'s guard where the build
+    uses AMX: for callers of llama-cpp-python's own loop (:class:`~steerkit.integrations.llama_cpp.LlamaCppRAD`).
+    ``Llama`` takes no option for llama.cpp's extra buffer types, so for the load its module's default model
+    parameters are :func:`model_params`'s (under a lock; restored after). Elsewhere exactly ``llama_cpp.Llama``."""
+    from .errors import ModelFormatError
+
+    lib = load(ModelFormatError, "load_llama")
+    if not uses_amx(lib):
+        return lib.Llama(model_path=str(model_path), **kwargs)
+    import llama_cpp.llama_cpp as low  # the module whose default parameters Llama.__init__ reads
+
+    with _default_params_lock:
+        default = low.llama_model_default_params
+        low.llama_model_default_params = lambda: model_params(lib)  # lib's own binding is the original
+        try:
+            return lib.Llama(model_path=str(model_path), **kwargs)
+        finally:
+            low.llama_model_default_params = default
 
 
 class Batch:

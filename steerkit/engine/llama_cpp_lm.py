@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidArgumentError, ModelFormatError, SteerkitError
-from ..llama_cpp_lib import Batch, load as _load_lib
+from ..llama_cpp_lib import Batch, load as _load_lib, model_params
 from .llama_cpp_batch import LlamaCppBatch
 
 #: A context is sized in multiples of this many cells per sequence (fewer re-creations as lengths vary).
@@ -63,9 +63,7 @@ class LlamaCppLM:
     def __init__(self, path: str, *, max_context: int | None = None, threads: int | None = None,
                  name: str | None = None, fingerprint: str | None = None):
         self.lib = lib = import_llama_cpp()
-        params = lib.llama_model_default_params()
-        params.n_gpu_layers = 0
-        self.model = lib.llama_model_load_from_file(str(path).encode(), params)
+        self.model = lib.llama_model_load_from_file(str(path).encode(), model_params(lib))
         if not self.model:
             raise ModelFormatError(f"llama.cpp could not load {path} (not a GGUF model it supports).")
         self._free_model = weakref.finalize(self, lib.llama_model_free, self.model)

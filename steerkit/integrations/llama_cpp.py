@@ -8,13 +8,16 @@ the prefix, so one instance serves any number of calls. The top-k logits get Σ 
 llama.cpp's own sampler then draws (``temperature=0`` is greedy; leave llama.cpp's ``top_k``/``top_p`` at values
 that keep the k candidates, e.g. ``top_k=0, top_p=1``)::
 
-    from llama_cpp import Llama, LogitsProcessorList
-    from steerkit.integrations.llama_cpp import LlamaCppRAD
+    from llama_cpp import LogitsProcessorList
+    from steerkit.integrations.llama_cpp import LlamaCppRAD, load_llama
 
-    llm = Llama(model_path="SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=2048, verbose=False)
+    llm = load_llama("SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=2048, verbose=False)  # or llama_cpp.Llama(...)
     rad = LlamaCppRAD.from_rewards(tokenizer, {"toxicity-token": -20}, k=20)   # tokenizer: the LM's (HF)
     out = llm("You are such a", max_tokens=20, temperature=0, top_k=0, top_p=1,
               logits_processor=LogitsProcessorList([rad]))
+
+:func:`load_llama` is ``llama_cpp.Llama`` with llama.cpp's AMX weight repacking off where the build uses it: with
+it, llama-cpp-python 0.3.36 built for a Xeon with AMX segfaulted in its first decode (docs/llama_cpp.md).
 
 The tokenizer is the LM's Hugging Face tokenizer (``steerkit.load_tokenizer`` reads one from a ``.gguf`` file):
 it decodes the prompt for the rewards, and its vocabulary must be the GGUF's (checked on the first call).
@@ -29,8 +32,11 @@ import torch
 
 from ..errors import InvalidArgumentError
 from ..hf import RewardAugmentedLogitsProcessor
+from ..llama_cpp_lib import load_llama
 from ..steering import SteeringTerm
 from ..terms import build_terms
+
+__all__ = ["LlamaCppRAD", "load_llama"]
 
 
 class LlamaCppRAD:

@@ -25,7 +25,9 @@ def llm_and_tokenizer():
     from steerkit.models import load_tokenizer, resolve
 
     path = resolve("smollm2-135m-instruct").location
-    llm = llama_cpp.Llama(model_path=path, n_ctx=512, n_threads=1, verbose=False, seed=0)
+    from steerkit.integrations.llama_cpp import load_llama
+
+    llm = load_llama(path, n_ctx=512, n_threads=1, verbose=False, seed=0)
     return llm, load_tokenizer("smollm2-135m-instruct")
 
 
@@ -58,3 +60,26 @@ def test_llama_cpp_samples_from_the_reweighted_top_k(llm_and_tokenizer):
     step = rad.last_step
     rewards = step.rewards["toxicity-token"][0]
     assert rewards.shape == (20,) and bool(((rewards >= 0) & (rewards <= 1)).all())
+
+
+def test_models_load_without_amx_repacking_where_the_build_uses_it():
+    """llama.cpp's AMX weight repacking (an extra buffer type) segfaulted in the first decode of this Q4_1 model on a
+    Xeon with AMX; steerkit loads every model without it exactly where the build multiplies on AMX, and
+    ``load_llama`` (``llama_cpp.Llama`` for LlamaCppRAD's callers) does the same, leaving llama-cpp-python's default
+    parameters as they were. On a CPU without AMX nothing changes."""
+    import llama_cpp.llama_cpp as low
+
+    from steerkit.llama_cpp_lib import load_llama, model_params, uses_amx
+    from steerkit.models import resolve
+
+    amx = b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+    assert uses_amx(llama_cpp) == amx
+    params = model_params(llama_cpp)
+    assert params.n_gpu_layers == 0 and bool(params.use_extra_bufts) == (not amx)
+    default = low.llama_model_default_params
+    llm = load_llama(resolve("smollm2-135m-instruct").location, n_ctx=64, n_threads=1, verbose=False)
+    assert low.llama_model_default_params is default
+    assert bool(llm.model_params.use_extra_bufts) == (not amx)
+    assert bool(llama_cpp.llama_model_default_params().use_extra_bufts)  # llama.cpp's own default is untouched
+    out = llm("You are such a", max_tokens=4, temperature=0)  # decodes (where it crashed before)
+    assert out["usage"]["completion_tokens"] >= 1

@@ -101,14 +101,14 @@ def test_the_llama_cpp_lm_stops_where_steerkits_engine_stops(f32_gguf, hf):
 
 def test_generate_through_llama_cpp_equals_llama_cpp_pythons_own_loop():
     import steerkit
-    from steerkit.integrations.llama_cpp import LlamaCppRAD
+    from steerkit.integrations.llama_cpp import LlamaCppRAD, load_llama
     from steerkit.models import load_tokenizer, resolve
 
     prompt = PROMPTS[0]
     ours = steerkit.generate([prompt], lm=LM, engine="llama.cpp", rewards={"toxicity-token": -20}, k=20,
                              max_new_tokens=24, do_sample=False)
     tokenizer = load_tokenizer(LM)
-    llm = llama_cpp.Llama(model_path=resolve(LM).location, n_ctx=256, n_threads=1, verbose=False)
+    llm = load_llama(resolve(LM).location, n_ctx=256, n_threads=1, verbose=False)
     rad = LlamaCppRAD.from_rewards(tokenizer, {"toxicity-token": -20}, k=20)
     ids = tokenizer(prompt)["input_ids"]
     theirs = llm.create_completion(ids, max_tokens=24, temperature=0, top_k=0, top_p=1.0, min_p=0.0,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ...errors import SteerkitError
-from ...llama_cpp_lib import Batch, load as load_lib
+from ...llama_cpp_lib import Batch, load as load_lib, model_params
 
 #: tokens per llama_decode call at most (longer batches are split, in order)
 BATCH_TOKENS = 2048
@@ -55,9 +55,7 @@ class LlamaCppRuntime:
                  sequences: int = DEFAULT_SEQUENCES, cells: int | None = None):
         self.lib = lib = import_llama_cpp()
         lib.llama_backend_init()
-        params = lib.llama_model_default_params()
-        params.n_gpu_layers = 0
-        self.model = lib.llama_model_load_from_file(str(path).encode(), params)
+        self.model = lib.llama_model_load_from_file(str(path).encode(), model_params(lib))
         if not self.model:
             raise LlamaCppRewardError(f"llama.cpp could not load the reward backbone {path}.")
         weakref.finalize(self, lib.llama_model_free, self.model)
