@@ -119,10 +119,9 @@ def main() -> None:
             config, setup = args.configs[i], setups[i]
             steps, tokens = run(lm, tokenizer, rewards[setup["backend"]], args, setup["dtype"], setup["compile"])
             steps = steps[1:] if setup["compile"] else steps  # a compiled run's first full step may still compile
-            per_round[i].append({"tokens": tokens, "steps_timed": len(steps),
-                                      "step_ms_median": 1000 * statistics.median(steps),
-                                      "step_ms_min": 1000 * min(steps)})
-            done = per_round[i][-1]
+            done = {"tokens": tokens, "steps_timed": len(steps), "step_ms_median": 1000 * statistics.median(steps),
+                    "step_ms_min": 1000 * min(steps)}
+            per_round[i].append(done)
             print(f"{f'round {r + 1} ' if args.rounds > 1 else ''}{args.rows} rows, {config}: step "
                   f"{done['step_ms_median']:.1f} ms median, {done['step_ms_min']:.1f} ms min over "
                   f"{done['steps_timed']} steps", flush=True)

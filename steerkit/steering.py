@@ -19,6 +19,7 @@ from .limits import LARGE_K
 from .rewards.base import Reward, RewardSession
 from .validators import MAX_ABS_BETA, validate_beta, validate_int
 
+
 @dataclass(frozen=True)
 class BetaSchedule:
     """β over decoding steps: ``constant`` (β), or ``linear`` ramp from ``start`` to β over ``steps`` steps."""

@@ -22,11 +22,10 @@ PROMPT = "You are such a"
 
 @pytest.fixture(scope="module")
 def llm_and_tokenizer():
+    from steerkit.integrations.llama_cpp import load_llama
     from steerkit.models import load_tokenizer, resolve
 
     path = resolve("smollm2-135m-instruct").location
-    from steerkit.integrations.llama_cpp import load_llama
-
     llm = load_llama(path, n_ctx=512, n_threads=1, verbose=False, seed=0)
     return llm, load_tokenizer("smollm2-135m-instruct")
 
