@@ -8,8 +8,9 @@ engine`` runs it on two revisions side by side (it uses only the engine's public
 ``RowSpec``, ``observer.on_step``).
 
 ``--configs`` runs several set-ups of the LM and the reward one after another in the same process, each as
-``DTYPE/BACKEND`` with an optional ``+compile`` (the LM's static step; the reward stays eager, as ``steerkit serve
---compile`` keeps it on a CPU), and prints each one's step time against the first's:
+``DTYPE/BACKEND`` with an optional ``+compile`` (the LM's static step, and the reward as ``steerkit serve --compile``
+runs it: its scoring compiled where that pays, ``torch-int8`` on a CPU that multiplies int8, else eager), and prints
+each one's step time against the first's:
 
     python benchmarks/bench_engine_step.py --rows 16 --tokens 24
     python benchmarks/bench_engine_step.py --configs float32/torch float32/onnx-int8+compile \
@@ -74,10 +75,10 @@ def engine_run(model, tokenizer, reward, rows: int, tokens: int, k: int,
 
 def run(lm, tokenizer, reward, args, dtype: str, compile: bool) -> tuple[list[float], int]:
     """Step times (s) with every row running, and the tokens generated, for one set-up."""
-    from steerkit.assembly import lm_runner
+    from steerkit.assembly import compiled_reward, lm_runner
 
-    seconds, out = engine_run(lm_runner(lm, compile=compile, dtype=dtype), tokenizer, reward, args.rows, args.tokens,
-                              args.k, args.beta)
+    seconds, out = engine_run(lm_runner(lm, compile=compile, dtype=dtype), tokenizer,
+                              compiled_reward(reward) if compile else reward, args.rows, args.tokens, args.k, args.beta)
     return seconds, sum(len(ids) for ids in out)
 
 

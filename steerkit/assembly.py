@@ -82,7 +82,8 @@ def compiled_terms(terms: list) -> list:
 def compiled_reward(reward):
     """A reward as the compiled engine runs it (``compile=True``): a torch reward model on a static session, its KV
     preallocated and its step compiled (:mod:`steerkit.rewards.static_kv`), where that pays: a token-level one
-    anywhere, a sequence one on a CUDA device; any other reward (ONNX, llama.cpp, a plugin's own) as it is."""
+    anywhere, a sequence one on a CUDA device or with ``torch-int8`` on a CPU that multiplies int8; any other reward
+    (ONNX, llama.cpp, a plugin's own) as it is."""
     compiled_form = getattr(reward, "compiled_form", None)
     return compiled_form() if callable(compiled_form) else reward
 

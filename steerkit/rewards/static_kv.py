@@ -42,8 +42,8 @@ def static_form(reward, compiled: bool | None = None, *, pays_on_cpu: bool = Fal
     ``compile=True`` runs it: a copy whose sessions keep the KV in a :class:`StaticKV`, its step compiled
     (``compiled=False``: the same layout run eagerly). ``None``: where that pays. On a CUDA device it does (the eager
     step is bound by kernel launches). On a CPU only where the reward says so (``pays_on_cpu``, measured in
-    docs/performance.md: a token-level commit yes, a sequence reward's candidate scoring, bound by its matrix
-    products, no), else ``reward`` itself. Also ``reward`` itself for another backend, a model
+    docs/performance.md: a token-level commit yes; a sequence reward's candidate scoring, bound by its matrix
+    products, no in float32, yes with ``torch-int8`` on a CPU that multiplies int8), else ``reward`` itself. Also ``reward`` itself for another backend, a model
     :func:`supports_static` refuses, or a reward already in that form. A reduced-precision torch backend
     (``torch-bf16``, ``torch-bf16-compute``, ``torch-int8``) keeps its precision: the copy runs the model that backend
     runs (:meth:`~steerkit.rewards.builtin_backends.TorchBackend.runs`), its activations and KV in float32."""

@@ -121,6 +121,36 @@ class Engine:
         self._counts = {"steps": 0, "tokens": 0, "finished": {}}
         self._progress = time.monotonic()  # when the loop last finished a step (or a prefill chunk), or went idle
         self._row_seconds: float | None = None  # moving average of a row's time in the engine
+        if callable(warm_up):
+            self._warm_up_rewards()
+
+    def _warm_up_rewards(self) -> None:
+        """Compile the candidate scoring of every served reward whose scoring is compiled (a static session,
+        ``--compile``) for each row bucket up to ``max_running`` at the default k, now, as the LM's steps are: rows of
+        two greedy tokens, steered by those rewards, run through this engine before its loop starts. The counts and
+        the observer (the metrics) do not see them."""
+        names = [name for name in self.lookup.names() if getattr(self.lookup(name), "static", None) == "compiled"]
+        if not names:
+            return
+        observer, self.observer = self.observer, None
+        try:
+            rows = 1
+            while True:
+                specs = [RowSpec(" ", 2, temperature=0.0, k=self.default_k, rewards={n: 1.0 for n in names})
+                         for _ in range(min(rows, self.max_running))]
+                handles = self.submit_all(specs)
+                while any(h.finish is None for h in handles):
+                    self._iterate()
+                for handle in handles:
+                    if handle.finish.error is not None:  # a reward that cannot run fails at start-up, not per request
+                        raise handle.finish.error
+                if rows >= self.max_running:
+                    break
+                rows *= 2
+        finally:
+            self.observer = observer
+            self._counts = {"steps": 0, "tokens": 0, "finished": {}}
+            self._core.reset()
 
     @classmethod
     def from_config(cls, steering_config=None, **limits) -> "Engine":

@@ -48,10 +48,9 @@ def engine_parts(config=None) -> EngineParts:
     model, tokenizer = setup.model, setup.tokenizer
     if config.device is not None:
         model = place(model, rewards.values(), config.device)
-    if config.compile and str(config.device or "").startswith("cuda"):
-        # the rewards' compiled steps on CUDA (a few seconds per new shape, in the decode loop); on a CPU they would
-        # compile for up to a minute per shape while requests wait (the LM's buckets compile before the server
-        # answers, Engine.warm_up), so the server's rewards stay eager there
+    if config.compile:
+        # the rewards' compiled steps where they pay (a CUDA device; torch-int8 on a CPU that multiplies int8); their
+        # row buckets compile before the server answers, as the LM's do (Engine.warm_up)
         from ..assembly import compiled_reward
 
         rewards = {name: compiled_reward(reward) for name, reward in rewards.items()}

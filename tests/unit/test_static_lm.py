@@ -18,6 +18,7 @@ from steerkit.engine.static_lm import MIN_WIDTH, StaticLM, StaticLMBatch, bucket
 from steerkit.errors import ConfigError, InvalidArgumentError
 from steerkit.rewards.sequence.scorer import RewardModelScorer
 from steerkit.serving.engine import Engine
+from steerkit.serving.requests import RowSpec
 from steerkit.steering import SteeringTerm
 from steerkit.testing import compared_top_logits, tiny_lm
 
@@ -133,6 +134,34 @@ def test_the_server_runs_the_static_step_and_every_row_equals_generate_alone(com
     assert "compiling" not in capfd.readouterr().err
     for spec, res in zip(SPECS, results):
         assert res.token_ids == solo(fresh_lm, tokenizer, reward, spec)[0], spec
+
+
+def test_the_server_compiles_its_rewards_scoring_before_it_serves(fresh_lm, tokenizer, reward_model, capfd):
+    """A served reward whose scoring is compiled (``steerkit serve --compile``; on a CPU, ``torch-int8`` where the CPU
+    multiplies int8): its candidate scoring and commit compile for every row bucket up to ``max_running`` at the
+    default k while the engine is built, with the LM's steps; rows at that k then compile nothing, the warm-up rows
+    leave no count behind, and each row picks the tokens the eager ``generate`` picks for it alone."""
+    from test_engine import solo
+
+    reward = RewardModelScorer(reward_model, context="full").compiled_form(compiled=True)
+    engine = Engine(StaticLM(fresh_lm, compiled=True), tokenizer, {"tiny": reward}, default_k=5, max_running=4,
+                    max_queue=16)
+    warmed = capfd.readouterr().err
+    for rows in (1, 2, 4):
+        assert f"compiling a reward's candidate scoring for {rows} row(s) x 64 prefix x 8 candidate tokens" in warmed
+        assert f"compiling a reward's commit for {rows} row(s)" in warmed
+    assert engine.stats()["steps"] == 0 and engine.stats()["tokens"] == 0
+    specs = [RowSpec(prompt, 6, temperature=0.0, rewards={"tiny": beta})
+             for prompt, beta in [("a b", -3.0), ("c", 2.0), ("d e f", -1.0), ("b", -4.0), ("e e", 1.5)]]
+    engine.start()
+    try:
+        results = [h.result(timeout=120) for h in engine.submit_all(specs)]
+    finally:
+        engine.shutdown(0)
+    assert "compiling" not in capfd.readouterr().err
+    eager = RewardModelScorer(reward_model, context="full")
+    for spec, res in zip(specs, results):
+        assert res.token_ids == solo(fresh_lm, tokenizer, eager, spec)[0], spec
 
 
 def test_int8_weights_replace_every_linear_and_stay_close_to_float32(lm):

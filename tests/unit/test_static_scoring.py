@@ -88,8 +88,8 @@ def test_the_static_layout_is_not_reallocated_per_step(compiled_rm, tokenizer):
 
 
 def test_compiled_form_where_it_pays(compiled_rm, tokenizer):
-    """``compile=True`` compiles a torch sequence reward's scoring on a CUDA device only (on a CPU the scoring is
-    bound by its matrix products: docs/performance.md), a token-level reward's commit anywhere; other rewards are
+    """``compile=True`` compiles a float32 torch sequence reward's scoring on a CUDA device only (on a CPU the scoring
+    is bound by its matrix products: docs/performance.md), a token-level reward's commit anywhere; other rewards are
     never touched."""
     eager = RewardModelScorer(compiled_rm)
     assert eager.compiled_form() is eager  # here, on the CPU
@@ -103,6 +103,16 @@ def test_compiled_form_where_it_pays(compiled_rm, tokenizer):
     assert TokenReward(token.model, backend="onnx").compiled_form().static is None
     plugin_reward = object()
     assert compiled_reward(plugin_reward) is plugin_reward
+
+
+@pytest.mark.parametrize("multiplies_int8", [True, False])
+def test_a_torch_int8_reward_compiles_on_a_cpu_that_multiplies_int8(compiled_rm, monkeypatch, multiplies_int8):
+    """With ``torch-int8`` the compiled scoring of all k candidates beat the eager pruned scoring on a CPU with AMX
+    (docs/performance.md), so there ``compile=True`` compiles it; where int8 runs through float32's kernels, not."""
+    monkeypatch.setattr("steerkit.linear_precision.cpu_multiplies_int8", lambda: multiplies_int8)
+    reward = RewardModelScorer(compiled_rm, backend="torch-int8")
+    assert (compiled_reward(reward).static == "compiled") is multiplies_int8
+    assert compiled_reward(RewardModelScorer(compiled_rm, backend="torch-bf16-compute")).static is None
 
 
 def test_a_sliding_window_backbone_stays_on_its_own_cache(tokenizer):

@@ -47,11 +47,14 @@ class RewardModelScorer:
 
     def compiled_form(self, *, compiled: bool | None = None) -> "RewardModelScorer":
         """This reward as ``compile=True`` runs it (:func:`~steerkit.rewards.static_kv.static_form`): a torch model
-        on a CUDA device on the static scoring cache, its candidate scoring compiled; otherwise this reward
+        on the static scoring cache, its candidate scoring compiled, on a CUDA device, and on a CPU with the
+        ``torch-int8`` backend where the CPU multiplies int8 (VNNI, AMX: there the compiled scoring of all k candidates
+        beat the eager pruned one, docs/performance.md, "A compiled step's attention"); otherwise this reward
         itself."""
+        from ...linear_precision import cpu_multiplies_int8
         from ..static_kv import static_form
 
-        return static_form(self, compiled)
+        return static_form(self, compiled, pays_on_cpu=self.backend == "torch-int8" and cpu_multiplies_int8())
 
     def new_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         if self.static:
