@@ -46,7 +46,7 @@ from typing import Mapping, Protocol, Sequence
 from ..decoding import eos_ids
 from ..engine.core import EngineCore
 from ..engine.rows import Row
-from ..errors import ServerBusyError, ServerShuttingDownError
+from ..errors import ServerBusyError, ServerShuttingDownError, SteerkitError
 from ..models import context_length, text_config
 from ..steering import LARGE_K
 from ..validators import validate_int, validate_k
@@ -127,26 +127,26 @@ class Engine:
     def _warm_up_rewards(self) -> None:
         """Compile the candidate scoring of every served reward whose scoring is compiled (a static session,
         ``--compile``) for each row bucket up to ``max_running`` at the default k, now, as the LM's steps are: rows of
-        two greedy tokens, steered by those rewards, run through this engine before its loop starts. The counts and
-        the observer (the metrics) do not see them."""
+        two greedy tokens, steered by that reward alone, run through this engine before its loop starts. A reward
+        this engine cannot run (one that reads the LM's own state, on the compiled LM) is left to fail its requests
+        with its own error, as it did before. The counts and the observer (the metrics) do not see these rows."""
         names = [name for name in self.lookup.names() if getattr(self.lookup(name), "static", None) == "compiled"]
-        if not names:
-            return
         observer, self.observer = self.observer, None
         try:
-            rows = 1
-            while True:
-                specs = [RowSpec(" ", 2, temperature=0.0, k=self.default_k, rewards={n: 1.0 for n in names})
-                         for _ in range(min(rows, self.max_running))]
-                handles = self.submit_all(specs)
-                while any(h.finish is None for h in handles):
-                    self._iterate()
-                for handle in handles:
-                    if handle.finish.error is not None:  # a reward that cannot run fails at start-up, not per request
-                        raise handle.finish.error
-                if rows >= self.max_running:
-                    break
-                rows *= 2
+            for name in names:
+                rows = 1
+                while True:
+                    specs = [RowSpec(" ", 2, temperature=0.0, k=self.default_k, rewards={name: 1.0})
+                             for _ in range(min(rows, self.max_running))]
+                    try:
+                        handles = self.submit_all(specs)
+                    except SteerkitError:  # refused as any request naming it would be
+                        break
+                    while any(h.finish is None for h in handles):
+                        self._iterate()
+                    if rows >= self.max_running or any(h.finish.error is not None for h in handles):
+                        break
+                    rows *= 2
         finally:
             self.observer = observer
             self._counts = {"steps": 0, "tokens": 0, "finished": {}}
