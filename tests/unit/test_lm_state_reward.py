@@ -224,3 +224,22 @@ def test_a_head_on_the_lms_state_must_read_all_of_it(tmp_path, tokenizer):
     path.write_text(path.read_text().replace('"num_layers": 3', '"num_layers": 2'))
     with pytest.raises(RewardModelFormatError, match="num_layers 2"):
         TokenRewardModel.from_pretrained(tmp_path / "rm")
+
+
+def test_a_compiled_server_starts_with_it_and_refuses_its_requests(tokenizer, lm, lm_rm):
+    """``steerkit serve --compile`` warms every compiled reward's buckets at start-up; a head on the LM's state, which
+    the compiled LM does not hand over, must not stop the server starting: its requests fail with its own error."""
+    from steerkit.serving.engine import Engine
+    from steerkit.serving.requests import RowSpec
+
+    reward = TokenReward(lm_rm).compiled_form(compiled=True)
+    engine = Engine(StaticLM(lm, compiled=True), tokenizer, {"lmtox": reward}, default_k=5, max_running=2)
+    engine.start()
+    try:
+        try:
+            error = engine.submit(RowSpec(PROMPTS[0], 2, rewards={"lmtox": -4.0})).result(timeout=120).finish.error
+        except LMStateUnavailableError as exc:  # refused at submission
+            error = exc
+    finally:
+        engine.shutdown(0)
+    assert isinstance(error, LMStateUnavailableError) and "toxicity-token" in str(error)
