@@ -46,7 +46,7 @@ from typing import Mapping, Protocol, Sequence
 from ..decoding import eos_ids
 from ..engine.core import EngineCore
 from ..engine.rows import Row
-from ..errors import ServerBusyError, ServerShuttingDownError, SteerkitError
+from ..errors import ServerBusyError, ServerShuttingDownError
 from ..models import context_length, text_config
 from ..steering import LARGE_K
 from ..validators import validate_int, validate_k
@@ -122,35 +122,9 @@ class Engine:
         self._progress = time.monotonic()  # when the loop last finished a step (or a prefill chunk), or went idle
         self._row_seconds: float | None = None  # moving average of a row's time in the engine
         if callable(warm_up):
-            self._warm_up_rewards()
+            from .loading import warm_up_compiled_rewards
 
-    def _warm_up_rewards(self) -> None:
-        """Compile the candidate scoring of every served reward whose scoring is compiled (a static session,
-        ``--compile``) for each row bucket up to ``max_running`` at the default k, now, as the LM's steps are: rows of
-        two greedy tokens, steered by that reward alone, run through this engine before its loop starts. A reward
-        this engine cannot run (one that reads the LM's own state, on the compiled LM) is left to fail its requests
-        with its own error, as it did before. The counts and the observer (the metrics) do not see these rows."""
-        names = [name for name in self.lookup.names() if getattr(self.lookup(name), "static", None) == "compiled"]
-        observer, self.observer = self.observer, None
-        try:
-            for name in names:
-                rows = 1
-                while True:
-                    specs = [RowSpec(" ", 2, temperature=0.0, k=self.default_k, rewards={name: 1.0})
-                             for _ in range(min(rows, self.max_running))]
-                    try:
-                        handles = self.submit_all(specs)
-                    except SteerkitError:  # refused as any request naming it would be
-                        break
-                    while any(h.finish is None for h in handles):
-                        self._iterate()
-                    if rows >= self.max_running or any(h.finish.error is not None for h in handles):
-                        break
-                    rows *= 2
-        finally:
-            self.observer = observer
-            self._counts = {"steps": 0, "tokens": 0, "finished": {}}
-            self._core.reset()
+            warm_up_compiled_rewards(self)
 
     @classmethod
     def from_config(cls, steering_config=None, **limits) -> "Engine":

@@ -91,3 +91,36 @@ def _load_clashing_rewards(rewards: dict, backend) -> None:
                       f"{name!r}{why}: requests can name {' or '.join(repr(r) for r in refs)}; to serve one of them "
                       f"as {name!r}, start the server with --prefer {name}=PLUGIN or set {ENV_PREFER}={name}=PLUGIN "
                       f"(PLUGIN: {plugins}).", SteerkitWarning, stacklevel=3)
+
+
+def warm_up_compiled_rewards(engine) -> None:
+    """Compile the candidate scoring of every reward ``engine`` serves whose scoring is compiled (a static session,
+    ``--compile``) for each row bucket up to its ``max_running`` at its default k, now, as the LM's steps are (the
+    engine calls this while it is built): rows of two greedy tokens, steered by one reward each, run through the engine
+    before its loop starts. A reward the engine cannot run (one that reads the LM's own state, on the compiled LM) is
+    left to fail its requests with its own error. The counts and the observer (the metrics) do not see these rows."""
+    from ..errors import SteerkitError
+    from .requests import RowSpec
+
+    names = [name for name in engine.lookup.names() if getattr(engine.lookup(name), "static", None) == "compiled"]
+    observer, max_queue = engine.observer, engine.max_queue
+    engine.observer, engine.max_queue = None, max(max_queue, engine.max_running)  # a bucket's rows at once
+    try:
+        for name in names:
+            rows = 1
+            while True:
+                specs = [RowSpec(" ", 2, temperature=0.0, k=engine.default_k, rewards={name: 1.0})
+                         for _ in range(min(rows, engine.max_running))]
+                try:
+                    handles = engine.submit_all(specs)
+                except SteerkitError:  # refused as any request naming it would be
+                    break
+                while any(h.finish is None for h in handles):
+                    engine._iterate()
+                if rows >= engine.max_running or any(h.finish.error is not None for h in handles):
+                    break
+                rows *= 2
+    finally:
+        engine.observer, engine.max_queue = observer, max_queue
+        engine._counts = {"steps": 0, "tokens": 0, "finished": {}}
+        engine._core.reset()
