@@ -202,7 +202,7 @@ def install_gqa_attention() -> None:
     except ImportError:  # a transformers without the interface: its attention as it is
         return
     with _SDPA_LOCK:
-        current = AttentionInterface._global_mapping.get("sdpa")
+        current = getattr(AttentionInterface, "_global_mapping", {}).get("sdpa")
         if current is None or getattr(current, "steerkit_gqa", False):
             return
         AttentionInterface.register("sdpa", functools.partial(_gqa_sdpa, transformers_sdpa=current))
