@@ -15,7 +15,6 @@ import contextlib
 import functools
 import os
 import sys
-import threading
 import time
 import warnings
 import weakref
@@ -65,6 +64,14 @@ def bucket(n: int, smallest: int = 1) -> int:
     while b < n:
         b *= 2
     return b
+
+
+def buckets_up_to(n: int) -> list[int]:
+    """The row buckets 1, 2, 4, ... up to the one that holds ``n`` rows (:func:`bucket`): what a warm-up compiles."""
+    sizes = [1]
+    while sizes[-1] < n:
+        sizes.append(sizes[-1] * 2)
+    return sizes
 
 
 def inductor_cache_dir() -> str:
@@ -184,9 +191,6 @@ class CompiledStep:
         return out
 
 
-_SDPA_LOCK = threading.Lock()
-
-
 def install_gqa_attention() -> None:
     """Make transformers' ``"sdpa"`` attention, inside a compiled graph, read a grouped-query model's KV heads in place
     (``scaled_dot_product_attention(..., enable_gqa=True)``) where it would copy them once per query head
@@ -201,12 +205,13 @@ def install_gqa_attention() -> None:
         from transformers import AttentionInterface
     except ImportError:  # a transformers without the interface: its attention as it is
         return
-    with _SDPA_LOCK:
-        current = getattr(AttentionInterface, "_global_mapping", {}).get("sdpa")
-        if current is None or getattr(current, "steerkit_gqa", False):
-            return
-        AttentionInterface.register("sdpa", functools.partial(_gqa_sdpa, transformers_sdpa=current))
-        AttentionInterface._global_mapping["sdpa"].steerkit_gqa = True
+    current = getattr(AttentionInterface, "_global_mapping", {}).get("sdpa")
+    if current is None or getattr(current, "steerkit_gqa", False):
+        return
+    # two threads racing here both wrap transformers' own function: never a wrapper of a wrapper
+    ours = functools.partial(_gqa_sdpa, transformers_sdpa=current)
+    ours.steerkit_gqa = True
+    AttentionInterface.register("sdpa", ours)
 
 
 def _gqa_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ..compiling import bucket, compiled_step
+from ..compiling import bucket, buckets_up_to, compiled_step
 from ..errors import InvalidArgumentError
 from ..hf_compat import cache_kwargs, set_static_write_column, static_cache
 from .lm_cache import LMBatch, Prefilled, first_used_column
@@ -116,14 +116,10 @@ class StaticLMBatch(LMBatch):
         if self.compiled is None or self.rows:
             return
         self._read_kv_shape(self.prefill([token_id]).cache)
-        slots = 1
-        while True:
+        for slots in buckets_up_to(max_rows):
             self._allocate(slots, MIN_WIDTH)
             self.rows, self.t = 0, 0
             self.advance(torch.full((0,), token_id, dtype=torch.long))
-            if slots >= max_rows:
-                break
-            slots *= 2
         self.reset()
 
     # -- layout --------------------------------------------------------------------------------------------

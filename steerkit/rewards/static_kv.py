@@ -41,9 +41,10 @@ def static_form(reward, compiled: bool | None = None, *, pays_on_cpu: bool = Fal
     """``reward`` (a torch reward of this package: ``backend``, ``model`` and ``static`` attributes) as
     ``compile=True`` runs it: a copy whose sessions keep the KV in a :class:`StaticKV`, its step compiled
     (``compiled=False``: the same layout run eagerly). ``None``: where that pays. On a CUDA device it does (the eager
-    step is bound by kernel launches). On a CPU only where the reward says so (``pays_on_cpu``, measured in
-    docs/performance.md: a token-level commit yes; a sequence reward's candidate scoring, bound by its matrix
-    products, no in float32, yes with ``torch-int8`` on a CPU that multiplies int8), else ``reward`` itself. Also ``reward`` itself for another backend, a model
+    step is bound by kernel launches). On a CPU where the reward says so (``pays_on_cpu``, measured in
+    docs/performance.md: a token-level commit yes; a float32 sequence reward's candidate scoring, bound by its matrix
+    products, no), and wherever the backend multiplies in int8 on a CPU that does (``torch-int8`` with VNNI or AMX:
+    "A compiled step's attention"), else ``reward`` itself. Also ``reward`` itself for another backend, a model
     :func:`supports_static` refuses, or a reward already in that form. A reduced-precision torch backend
     (``torch-bf16``, ``torch-bf16-compute``, ``torch-int8``) keeps its precision: the copy runs the model that backend
     runs (:meth:`~steerkit.rewards.builtin_backends.TorchBackend.runs`), its activations and KV in float32."""
@@ -53,7 +54,10 @@ def static_form(reward, compiled: bool | None = None, *, pays_on_cpu: bool = Fal
     if reward.static or backend is None:
         return reward
     if compiled is None:
-        compiled = pays_on_cpu or next(reward.model.parameters()).device.type == "cuda"
+        from ..linear_precision import INT8, cpu_multiplies_int8
+
+        compiled = (pays_on_cpu or next(reward.model.parameters()).device.type == "cuda"
+                    or (getattr(backend, "precision", None) == INT8 and cpu_multiplies_int8()))
         if not compiled:
             return reward
     if not supports_static(reward.model):  # it builds a (tiny) StaticCache to look at its layers: asked last

@@ -107,9 +107,6 @@ class Engine:
         if self.context is not None:  # llama.cpp sizes its KV cache now, and may give a row fewer tokens
             self.context = self._core.batch.reserve(self.max_running, self.context, budget=KV_BUDGET_TOKENS)
         self._core.batch.prefill([tokenizer.eos_token_id or 0])  # an LM whose KV cache cannot be batched fails now
-        warm_up = getattr(self._core.batch, "warm_up", None)
-        if callable(warm_up):  # the compiled step (--compile): every row bucket compiled before a request waits on it
-            warm_up(self.max_running, tokenizer.eos_token_id or 0)
         self._prefills = Prefills(self._core.batch, self.prefill_chunk)
         self._queue: deque[Row] = deque()
         self._lock = threading.Condition()
@@ -121,9 +118,11 @@ class Engine:
         self._counts = {"steps": 0, "tokens": 0, "finished": {}}
         self._progress = time.monotonic()  # when the loop last finished a step (or a prefill chunk), or went idle
         self._row_seconds: float | None = None  # moving average of a row's time in the engine
-        if callable(warm_up):
-            from .loading import warm_up_compiled_rewards
+        warm_up = getattr(self._core.batch, "warm_up", None)
+        if callable(warm_up):  # the compiled step (--compile): every row bucket of the LM and of the compiled rewards
+            from .loading import warm_up_compiled_rewards  # compiled before a request waits on it
 
+            warm_up(self.max_running, tokenizer.eos_token_id or 0)
             warm_up_compiled_rewards(self)
 
     @classmethod

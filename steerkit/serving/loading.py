@@ -49,8 +49,8 @@ def engine_parts(config=None) -> EngineParts:
     if config.device is not None:
         model = place(model, rewards.values(), config.device)
     if config.compile:
-        # the rewards' compiled steps where they pay (a CUDA device; torch-int8 on a CPU that multiplies int8); their
-        # row buckets compile before the server answers, as the LM's do (Engine.warm_up)
+        # the rewards' compiled steps where they pay (assembly.compiled_reward); their row buckets compile before the
+        # server answers, as the LM's do (Engine's construction: warm_up_compiled_rewards below)
         from ..assembly import compiled_reward
 
         rewards = {name: compiled_reward(reward) for name, reward in rewards.items()}
@@ -99,6 +99,7 @@ def warm_up_compiled_rewards(engine) -> None:
     engine calls this while it is built): rows of two greedy tokens, steered by one reward each, run through the engine
     before its loop starts. A reward the engine cannot run (one that reads the LM's own state, on the compiled LM) is
     left to fail its requests with its own error. The counts and the observer (the metrics) do not see these rows."""
+    from ..compiling import buckets_up_to
     from ..errors import SteerkitError
     from .requests import RowSpec
 
@@ -107,8 +108,7 @@ def warm_up_compiled_rewards(engine) -> None:
     engine.observer, engine.max_queue = None, max(max_queue, engine.max_running)  # a bucket's rows at once
     try:
         for name in names:
-            rows = 1
-            while True:
+            for rows in buckets_up_to(engine.max_running):
                 specs = [RowSpec(" ", 2, temperature=0.0, k=engine.default_k, rewards={name: 1.0})
                          for _ in range(min(rows, engine.max_running))]
                 try:
@@ -117,9 +117,8 @@ def warm_up_compiled_rewards(engine) -> None:
                     break
                 while any(h.finish is None for h in handles):
                     engine._iterate()
-                if rows >= engine.max_running or any(h.finish.error is not None for h in handles):
+                if any(h.finish.error is not None for h in handles):
                     break
-                rows *= 2
     finally:
         engine.observer, engine.max_queue = observer, max_queue
         engine._counts = {"steps": 0, "tokens": 0, "finished": {}}

@@ -51,10 +51,9 @@ class RewardModelScorer:
         ``torch-int8`` backend where the CPU multiplies int8 (VNNI, AMX: there the compiled scoring of all k candidates
         beat the eager pruned one, docs/performance.md, "A compiled step's attention"); otherwise this reward
         itself."""
-        from ...linear_precision import cpu_multiplies_int8
         from ..static_kv import static_form
 
-        return static_form(self, compiled, pays_on_cpu=self.backend == "torch-int8" and cpu_multiplies_int8())
+        return static_form(self, compiled)
 
     def new_cache(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         if self.static:
