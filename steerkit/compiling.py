@@ -7,6 +7,10 @@ and ATen's (MKL) kernel. On CUDA inductor's kernels are captured in one CUDA gra
 a step replays after copying its inputs in: no guard or graph-tree check runs per step (:data:`CUDA_GRAPHS`). Compiled
 kernels and autotuning results are cached on disk (``$TORCHINDUCTOR_CACHE_DIR``, by default
 ``<steerkit cache>/inductor``), and a line on stderr says when a shape compiles and how long it took.
+
+A server's decode loop must not wait on a compilation (a shape takes up to minutes on a CPU): inside
+:func:`new_shapes_run_eagerly` (what the server's loop thread runs in) a step of a shape that has not compiled runs
+eagerly instead. Everywhere else (``generate``, ``eval``, a server's warm-up) a new shape compiles before it runs.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -103,6 +108,28 @@ def _raise_recompile_limit(limit: int = 64) -> None:
             setattr(dynamo, name, max(getattr(dynamo, name), limit))
 
 
+#: Per thread: whether a shape not compiled yet runs eagerly instead of compiling (:func:`new_shapes_run_eagerly`).
+_no_new_shapes = threading.local()
+
+
+@contextlib.contextmanager
+def new_shapes_run_eagerly():
+    """Inside this, in the calling thread only, a step of a shape this process has not compiled runs eagerly (the same
+    forward on the same inputs) instead of compiling, with one line on stderr per shape. The server's decode loop runs
+    in this: its start-up compiles the shapes it expects (every row bucket at the narrowest width and the default
+    ``k``), and a row that outgrows them (a long prompt, another ``k``) makes the steps of its batch run eagerly while
+    it runs, rather than making every request wait minutes on a compilation. Compiling a shape beside the loop, in
+    another thread, is no way out: tracing the model in one thread while another runs it eagerly shares transformers'
+    compile-time state between them (a guard failed), and the tracing thread held the interpreter so much that the
+    eager steps of a tiny model took 20 times as long (docs/performance.md)."""
+    before = getattr(_no_new_shapes, "active", False)
+    _no_new_shapes.active = True
+    try:
+        yield
+    finally:
+        _no_new_shapes.active = before
+
+
 class CompiledStep:
     """A forward compiled for a static step (``fn``: ``model.forward`` unless ``forward`` is given), and the shapes
     this process has compiled it for. :meth:`__call__` runs it with its inductor options in force and announces
@@ -123,6 +150,7 @@ class CompiledStep:
         # on a CPU the options are read when a shape compiles, which is inside a call: __call__
         self.options = {} if self.cuda else COMPILE_OPTIONS
         self.shapes: set[tuple] = set()
+        self.eager_shapes: dict[tuple, int] = {}  # per shape not compiled, its steps run eagerly (new_shapes_run_eagerly)
         self._compiled: dict[str, object] = {}
         self.graphs: dict[tuple, _Graph | None] = {}  # CUDA, "manual": per shape its graph (None: capture failed)
 
@@ -159,6 +187,8 @@ class CompiledStep:
                 return self.fn(**kwargs)
             with torch._inductor.config.patch(self.options):
                 return self.fn(**kwargs)
+        if getattr(_no_new_shapes, "active", False):
+            return self._eagerly(shape, kwargs)
         # "per process": inductor cannot cache a graph whose weights are packed for oneDNN (a CPU's), only its C++
         # kernels; every process compiles its shapes again (docs/cli.md, --compile)
         print(f"steerkit: compiling {self.what} for {' x '.join(map(str, shape))} (once per shape and process; "
@@ -172,23 +202,14 @@ class CompiledStep:
             self.graphs.pop(shape, None)  # the next call captures
         return out
 
-    def _capture(self, shape: tuple, kwargs: dict):
-        """Run this (compiled) shape once on ``kwargs`` copied into the graph's own inputs, then capture it: the run
-        is this call's result, and it leaves every lazily made resource (cuBLAS workspaces, autotuning) made
-        before the capture. A shape whose capture fails runs uncaptured from then on, with a line on stderr."""
-        graph = _Graph(kwargs)
-        inputs = graph.arguments(kwargs)
-        with _compiler_warnings_off():
-            out = self.fn(**inputs)  # an uncaptured run: its output is this call's own
-        try:
-            with _compiler_warnings_off():
-                graph.capture(self.fn, inputs)
-        except Exception as exc:  # noqa: BLE001 - the compiled forward still runs, without a graph
-            print(f"steerkit: {self.what} for {' x '.join(map(str, shape))} runs without a CUDA graph "
-                  f"({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
-            graph = None
-        self.graphs[shape] = graph
-        return out
+    def _eagerly(self, shape: tuple, kwargs: dict):
+        """A step of a shape not compiled, inside :func:`new_shapes_run_eagerly`: the forward itself."""
+        if shape not in self.eager_shapes:
+            self.eager_shapes[shape] = 0
+            print(f"steerkit: {self.what} for {' x '.join(map(str, shape))} was not compiled at start-up: its steps run "
+                  "eagerly in this server, no request waits on a compilation", file=sys.stderr, flush=True)
+        self.eager_shapes[shape] += 1
+        return self.forward(**kwargs)
 
 
 def install_gqa_attention() -> None:

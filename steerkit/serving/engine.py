@@ -42,7 +42,7 @@ import time
 from collections import deque
 from typing import Mapping, Protocol, Sequence
 
-
+from ..compiling import new_shapes_run_eagerly
 from ..decoding import eos_ids
 from ..engine.core import EngineCore
 from ..engine.rows import Row
@@ -250,12 +250,13 @@ class Engine:
             self._lock.notify_all()
 
     def _loop(self) -> None:
-        while True:
-            try:
-                if not self._iterate():
-                    return
-            except Exception as exc:  # noqa: BLE001 - an engine bug must not kill the loop: fail the batch
-                self._fail_all(exc)
+        with new_shapes_run_eagerly():  # a shape the warm-up did not compile runs eagerly: no request waits on it
+            while True:
+                try:
+                    if not self._iterate():
+                        return
+                except Exception as exc:  # noqa: BLE001 - an engine bug must not kill the loop: fail the batch
+                    self._fail_all(exc)
 
     def _iterate(self) -> bool:
         """One pass: drop cancelled/expired rows, admit newcomers, run one step. False when the loop ends."""

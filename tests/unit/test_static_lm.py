@@ -164,6 +164,46 @@ def test_the_server_compiles_its_rewards_scoring_before_it_serves(fresh_lm, toke
         assert res.token_ids == solo(fresh_lm, tokenizer, eager, spec)[0], spec
 
 
+def test_served_rows_past_the_compiled_shapes_run_eagerly_and_the_server_compiles_nothing(fresh_lm, tokenizer, capfd):
+    """Rows the server's start-up did not compile for: a prompt longer than the LM's width (128 tokens) and the
+    reward's prefix (64), and a row with another k. The steps of those shapes run eagerly in the serving loop, with one
+    line on stderr each, instead of compiling there (minutes on a CPU, every request waiting); each row still picks
+    the eager ``generate``'s tokens. Outside the serving loop (``generate``) a new shape compiles as before."""
+    from test_engine import solo
+
+    from steerkit.compiling import compiled_step
+    from steerkit.rewards.sequence.static_cache import compiled_scoring
+    from steerkit.testing import tiny_reward
+
+    reward_model = tiny_reward(tokenizer)  # its own object: what this process compiled for it is this test's alone
+    eager = RewardModelScorer(reward_model, context="full")
+    engine = Engine(StaticLM(fresh_lm, compiled=True), tokenizer, {"tiny": eager.compiled_form(compiled=True)},
+                    default_k=5, max_running=2, max_queue=8)
+    assert "a reward's candidate scoring for 2 row(s) x 64 prefix x 8 candidate tokens" in capfd.readouterr().err
+    long_prompt = " ".join(["hello world"] * 15)
+    assert len(tokenizer(long_prompt).input_ids) > MIN_WIDTH
+    specs = [RowSpec(long_prompt, 10, temperature=0.0, rewards={"tiny": -3.0}),
+             RowSpec("ab", 12, temperature=0.0, rewards={"tiny": 2.0}, k=12)]
+    engine.start()
+    try:
+        results = [h.result(timeout=120) for h in engine.submit_all(specs)]
+    finally:
+        engine.shutdown(0)
+    err = capfd.readouterr().err
+    assert "compiling" not in err
+    assert f"the decode step for 2 row(s) x {2 * MIN_WIDTH} tokens was not compiled at start-up" in err
+    assert "a reward's candidate scoring for 2 row(s) x 256 prefix x 16 candidate tokens was not compiled" in err
+    step, scoring = compiled_step(fresh_lm), compiled_scoring(reward_model)
+    assert step.shapes == {("1 row(s)", "128 tokens"), ("2 row(s)", "128 tokens")}
+    assert step.eager_shapes[("2 row(s)", f"{2 * MIN_WIDTH} tokens")] >= 9  # the long row's steps after its first
+    assert all("64 prefix" in shape[1] and "8 candidate" in shape[2] for shape in scoring.shapes)
+    assert sum(scoring.eager_shapes.values()) >= 11
+    for spec, res in zip(specs, results):
+        assert res.token_ids == solo(fresh_lm, tokenizer, eager, spec)[0], spec
+    steerkit.generate([long_prompt], lm=(fresh_lm, tokenizer), max_new_tokens=2, do_sample=False, compile=True)
+    assert "compiling the decode step for 1 row(s) x 256 tokens" in capfd.readouterr().err
+
+
 def test_int8_weights_replace_every_linear_and_stay_close_to_float32(lm):
     q = as_int8(lm)
     assert q is as_int8(lm) and q is not lm  # one copy per model; the float32 LM is untouched
