@@ -202,6 +202,24 @@ class CompiledStep:
             self.graphs.pop(shape, None)  # the next call captures
         return out
 
+    def _capture(self, shape: tuple, kwargs: dict):
+        """Run this (compiled) shape once on ``kwargs`` copied into the graph's own inputs, then capture it: the run
+        is this call's result, and it leaves every lazily made resource (cuBLAS workspaces, autotuning) made
+        before the capture. A shape whose capture fails runs uncaptured from then on, with a line on stderr."""
+        graph = _Graph(kwargs)
+        inputs = graph.arguments(kwargs)
+        with _compiler_warnings_off():
+            out = self.fn(**inputs)  # an uncaptured run: its output is this call's own
+        try:
+            with _compiler_warnings_off():
+                graph.capture(self.fn, inputs)
+        except Exception as exc:  # noqa: BLE001 - the compiled forward still runs, without a graph
+            print(f"steerkit: {self.what} for {' x '.join(map(str, shape))} runs without a CUDA graph "
+                  f"({type(exc).__name__}: {exc})", file=sys.stderr, flush=True)
+            graph = None
+        self.graphs[shape] = graph
+        return out
+
     def _eagerly(self, shape: tuple, kwargs: dict):
         """A step of a shape not compiled, inside :func:`new_shapes_run_eagerly`: the forward itself."""
         if shape not in self.eager_shapes:
