@@ -17,7 +17,7 @@ import typer
 
 from ..errors import InvalidArgumentError
 from ..limits import LARGE_K
-from ..serving.requests import DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING, PREFILL_CHUNK
+from ..serving.requests import COMPILE_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING, PREFILL_CHUNK
 from ..serving.settings import HEADER_TIMEOUT_S, MAX_CONNECTIONS, ServerSettings
 from .common import BACKEND_HELP, COMPILE_HELP, DTYPE_HELP, ENGINE_HELP, err, parse_reward_weight
 
@@ -73,6 +73,10 @@ def serve(
                                        "sequence reward (each candidate is a reward-model forward); past it: 400."),
     prefill_chunk: int = typer.Option(PREFILL_CHUNK, "--prefill-chunk", min=1, help="A longer prompt is "
                                       "prefilled this many tokens at a time, between decode steps."),
+    compile_tokens: int = typer.Option(COMPILE_TOKENS, "--compile-tokens", min=1, help="With --compile: rows of up "
+                                       "to this many tokens (prompt and generated) run on shapes compiled at start-up; "
+                                       "a longer row's steps run eagerly. Each doubling adds a compilation per row "
+                                       "bucket to the start-up."),
     max_connections: int = typer.Option(MAX_CONNECTIONS, "--max-connections", min=1, help="Open connections and "
                                         "running requests at most; past it: 503."),
     stall_timeout: float = typer.Option(DEFAULTS.stall_s, "--stall-timeout", min=0.1, help="/health answers 503 "
@@ -103,7 +107,7 @@ def serve(
     else:
         cfg = None  # the packaged SmolLM2, every installed reward available, no default steering
     limits = {"max_running": max_running, "max_queue": max_queue, "max_k_sequence": max_k_sequence,
-              "prefill_chunk": prefill_chunk}
+              "prefill_chunk": prefill_chunk, "compile_tokens": compile_tokens}
     settings = {"timeout_s": timeout or None, "max_tokens_limit": max_tokens_limit,
                 "default_max_tokens": default_max_tokens, "max_n": max_n, "shutdown_deadline_s": shutdown_deadline,
                 **security}

@@ -109,17 +109,18 @@ class StaticLMBatch(LMBatch):
         return tokens
 
     @torch.no_grad()
-    def warm_up(self, max_rows: int, token_id: int = 0) -> None:
-        """Compile (or load from the disk cache) the step of every row bucket up to ``max_rows`` at the narrowest
-        width, now: the server calls this before it accepts requests, so that its first batches do not wait on a
-        compilation. A row that outgrows the narrowest width still compiles its wider shape when it gets there."""
+    def warm_up(self, max_rows: int, token_id: int = 0, tokens: int = MIN_WIDTH - 1) -> None:
+        """Compile (or load from the disk cache) the step of every row bucket up to ``max_rows`` at every width a row
+        of up to ``tokens`` tokens uses (the narrowest, 128, by default), now: the server calls this before it accepts
+        requests, and its loop compiles nothing (:func:`~steerkit.compiling.new_shapes_run_eagerly`)."""
         if self.compiled is None or self.rows:
             return
         self._read_kv_shape(self.prefill([token_id]).cache)
-        for slots in buckets_up_to(max_rows):
-            self._allocate(slots, MIN_WIDTH)
-            self.rows, self.t = 0, 0
-            self.advance(torch.full((0,), token_id, dtype=torch.long))
+        for width in buckets_up_to(bucket(tokens + 1, MIN_WIDTH) // MIN_WIDTH):
+            for slots in buckets_up_to(max_rows):
+                self._allocate(slots, width * MIN_WIDTH)
+                self.rows, self.t = 0, 0
+                self.advance(torch.full((0,), token_id, dtype=torch.long))
         self.reset()
 
     # -- layout --------------------------------------------------------------------------------------------

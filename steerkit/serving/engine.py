@@ -50,8 +50,8 @@ from ..errors import ServerBusyError, ServerShuttingDownError
 from ..models import context_length, text_config
 from ..steering import LARGE_K
 from ..validators import validate_int, validate_k
-from .requests import (DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING, PREFILL_CHUNK, FinishEvent, RowHandle, RowSpec,
-                       TokenEvent)
+from .requests import (COMPILE_TOKENS, DEFAULT_MAX_QUEUE, DEFAULT_MAX_RUNNING, PREFILL_CHUNK, FinishEvent, RowHandle,
+                       RowSpec, TokenEvent)
 from .row_terms import RewardLookup, row_terms
 from .prefill import Prefills
 from .validation import check_cost, prepare_rows
@@ -84,7 +84,8 @@ class Engine:
     def __init__(self, lm, tokenizer, rewards: Mapping[str, object] | None = None, *, default_rewards=(),
                  default_k: int = 20, max_running: int = DEFAULT_MAX_RUNNING,
                  max_queue: int = DEFAULT_MAX_QUEUE, observer=None,
-                 model_name: str | None = None, max_k_sequence: int = LARGE_K, prefill_chunk: int = PREFILL_CHUNK):
+                 model_name: str | None = None, max_k_sequence: int = LARGE_K, prefill_chunk: int = PREFILL_CHUNK,
+                 compile_tokens: int = COMPILE_TOKENS):
         self.lm = lm.eval()
         self.tokenizer = tokenizer
         config = text_config(lm)
@@ -122,8 +123,9 @@ class Engine:
         if callable(warm_up):  # the compiled step (--compile): every row bucket of the LM and of the compiled rewards
             from .loading import warm_up_compiled_rewards  # compiled before a request waits on it
 
-            warm_up(self.max_running, tokenizer.eos_token_id or 0)
-            warm_up_compiled_rewards(self)
+            tokens = validate_int("compile_tokens", compile_tokens)
+            warm_up(self.max_running, tokenizer.eos_token_id or 0, tokens)
+            warm_up_compiled_rewards(self, tokens)
 
     @classmethod
     def from_config(cls, steering_config=None, **limits) -> "Engine":

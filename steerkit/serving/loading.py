@@ -93,33 +93,53 @@ def _load_clashing_rewards(rewards: dict, backend) -> None:
                       f"(PLUGIN: {plugins}).", SteerkitWarning, stacklevel=3)
 
 
-def warm_up_compiled_rewards(engine) -> None:
+def warm_up_compiled_rewards(engine, tokens: int) -> None:
     """Compile the candidate scoring of every reward ``engine`` serves whose scoring is compiled (a static session,
-    ``--compile``) for each row bucket up to its ``max_running`` at its default k, now, as the LM's steps are (the
-    engine calls this while it is built): rows of two greedy tokens, steered by one reward each, run through the engine
-    before its loop starts. A reward the engine cannot run (one that reads the LM's own state, on the compiled LM) is
-    left to fail its requests with its own error. The counts and the observer (the metrics) do not see these rows."""
-    from ..compiling import buckets_up_to
-    from ..errors import SteerkitError
-    from .requests import RowSpec
+    ``--compile``) for each row bucket up to its ``max_running`` at its default k and each reward context of up to
+    ``tokens`` tokens (64, 128, ... columns), now, as the LM's steps are (the engine calls this while it is built):
+    rows of two greedy tokens, steered by one reward each, their prompts as long as each context bucket needs, run
+    through the engine before its loop starts. A reward the engine cannot run (one that reads the LM's own state, on
+    the compiled LM) is left to fail its requests with its own error. The counts and the observer (the metrics) do not
+    see these rows."""
+    from ..compiling import bucket, buckets_up_to
+    from ..rewards.static_kv import MIN_COLUMNS
 
     names = [name for name in engine.lookup.names() if getattr(engine.lookup(name), "static", None) == "compiled"]
+    if engine.context is not None:
+        tokens = min(tokens, engine.context - 3)  # a warm-up row's prompt and its two tokens fit the context
+    # a prompt of 1 token fills the narrowest bucket of columns; one of half a wider bucket and 1, that bucket
+    lengths = [1] + [c * MIN_COLUMNS // 2 + 1 for c in buckets_up_to(bucket(tokens + 1, MIN_COLUMNS) // MIN_COLUMNS)[1:]]
+    prompts = [engine.tokenizer.decode(engine.tokenizer(" a" * n, add_special_tokens=False)["input_ids"][:n])
+               for n in lengths]
     observer, max_queue = engine.observer, engine.max_queue
     engine.observer, engine.max_queue = None, max(max_queue, engine.max_running)  # a bucket's rows at once
     try:
         for name in names:
-            for rows in buckets_up_to(engine.max_running):
-                specs = [RowSpec(" ", 2, temperature=0.0, k=engine.default_k, rewards={name: 1.0})
-                         for _ in range(min(rows, engine.max_running))]
-                try:
-                    handles = engine.submit_all(specs)
-                except SteerkitError:  # refused as any request naming it would be
-                    break
-                while any(h.finish is None for h in handles):
-                    engine._iterate()
-                if any(h.finish.error is not None for h in handles):
+            for prompt in prompts:
+                if not _warm_up_reward(engine, name, prompt):
                     break
     finally:
         engine.observer, engine.max_queue = observer, max_queue
         engine._counts = {"steps": 0, "tokens": 0, "finished": {}}
         engine._core.reset()
+
+
+def _warm_up_reward(engine, name: str, prompt: str) -> bool:
+    """Rows of ``prompt`` steered by reward ``name`` through ``engine``, one batch per row bucket: False where the
+    engine refuses them (as it would any request naming that reward)."""
+    from ..compiling import buckets_up_to
+    from ..errors import SteerkitError
+    from .requests import RowSpec
+
+    for rows in buckets_up_to(engine.max_running):
+        specs = [RowSpec(prompt, 2, temperature=0.0, k=engine.default_k, rewards={name: 1.0})
+                 for _ in range(min(rows, engine.max_running))]
+        try:
+            handles = engine.submit_all(specs)
+        except SteerkitError:  # refused as any request naming it would be
+            return False
+        while any(h.finish is None for h in handles):
+            engine._iterate()
+        if any(h.finish.error is not None for h in handles):
+            return False
+    return True

@@ -22,6 +22,11 @@ FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error")
 #: without importing torch.
 DEFAULT_MAX_RUNNING, DEFAULT_MAX_QUEUE = 16, 64
 
+#: With ``--compile``: a row of up to this many tokens (its prompt, its tokens, a reward's context) runs on shapes the
+#: server compiled while it started; a longer one makes its batch's steps run eagerly (``--compile-tokens``). 127: the
+#: LM's narrowest width (128 columns) and the rewards' two narrowest context buckets (64 and 128 columns).
+COMPILE_TOKENS = 127
+
 #: A prompt longer than this many tokens is prefilled this many at a time, one chunk between decode steps
 #: (``--prefill-chunk``; measured: docs/performance.md, "A long prompt beside a short request").
 PREFILL_CHUNK = 256

@@ -196,12 +196,42 @@ def test_served_rows_past_the_compiled_shapes_run_eagerly_and_the_server_compile
     step, scoring = compiled_step(fresh_lm), compiled_scoring(reward_model)
     assert step.shapes == {("1 row(s)", "128 tokens"), ("2 row(s)", "128 tokens")}
     assert step.eager_shapes[("2 row(s)", f"{2 * MIN_WIDTH} tokens")] >= 9  # the long row's steps after its first
-    assert all("64 prefix" in shape[1] and "8 candidate" in shape[2] for shape in scoring.shapes)
+    # --compile-tokens' default, 127: the 64- and 128-column reward contexts, at the default k
+    assert {shape[1] for shape in scoring.shapes} == {"64 prefix", "128 prefix"}
+    assert all("8 candidate" in shape[2] for shape in scoring.shapes)
     assert sum(scoring.eager_shapes.values()) >= 11
     for spec, res in zip(specs, results):
         assert res.token_ids == solo(fresh_lm, tokenizer, eager, spec)[0], spec
     steerkit.generate([long_prompt], lm=(fresh_lm, tokenizer), max_new_tokens=2, do_sample=False, compile=True)
     assert "compiling the decode step for 1 row(s) x 256 tokens" in capfd.readouterr().err
+
+
+def test_compile_tokens_compiles_every_width_a_row_of_that_many_tokens_uses(fresh_lm, tokenizer, capfd):
+    """``compile_tokens`` (``steerkit serve --compile-tokens``) 200: the LM's step at 128 and 256 columns and the
+    reward's scoring at 64, 128 and 256 columns of context compile at start-up, so a 150-token prompt runs compiled
+    with nothing compiling and nothing eager in the loop; the tokens are the eager ``generate``'s."""
+    from test_engine import solo
+
+    from steerkit.compiling import compiled_step
+    from steerkit.rewards.sequence.static_cache import compiled_scoring
+    from steerkit.testing import tiny_reward
+
+    reward_model = tiny_reward(tokenizer)
+    eager = RewardModelScorer(reward_model, context="full")
+    engine = Engine(StaticLM(fresh_lm, compiled=True), tokenizer, {"tiny": eager.compiled_form(compiled=True)},
+                    default_k=5, max_running=1, max_queue=8, compile_tokens=200)
+    capfd.readouterr()
+    assert compiled_step(fresh_lm).shapes == {("1 row(s)", "128 tokens"), ("1 row(s)", "256 tokens")}
+    assert {shape[1] for shape in compiled_scoring(reward_model).shapes} == {"64 prefix", "128 prefix", "256 prefix"}
+    spec = RowSpec(" ".join(["hello world"] * 15), 10, temperature=0.0, rewards={"tiny": -3.0})
+    engine.start()
+    try:
+        result = engine.submit_all([spec])[0].result(timeout=120)
+    finally:
+        engine.shutdown(0)
+    err = capfd.readouterr().err
+    assert "compiling" not in err and "was not compiled" not in err
+    assert result.token_ids == solo(fresh_lm, tokenizer, eager, spec)[0]
 
 
 def test_int8_weights_replace_every_linear_and_stay_close_to_float32(lm):
