@@ -150,7 +150,7 @@ class CompiledStep:
         # on a CPU the options are read when a shape compiles, which is inside a call: __call__
         self.options = {} if self.cuda else COMPILE_OPTIONS
         self.shapes: set[tuple] = set()
-        self.eager_shapes: dict[tuple, int] = {}  # per shape not compiled, its steps run eagerly (new_shapes_run_eagerly)
+        self.eager_shapes: dict[tuple, int] = {}  # steps run eagerly per shape not compiled (new_shapes_run_eagerly)
         self._compiled: dict[str, object] = {}
         self.graphs: dict[tuple, _Graph | None] = {}  # CUDA, "manual": per shape its graph (None: capture failed)
 
@@ -224,8 +224,8 @@ class CompiledStep:
         """A step of a shape not compiled, inside :func:`new_shapes_run_eagerly`: the forward itself."""
         if shape not in self.eager_shapes:
             self.eager_shapes[shape] = 0
-            print(f"steerkit: {self.what} for {' x '.join(map(str, shape))} was not compiled at start-up: its steps run "
-                  "eagerly in this server, no request waits on a compilation", file=sys.stderr, flush=True)
+            print(f"steerkit: {self.what} for {' x '.join(map(str, shape))} was not compiled at start-up: its steps "
+                  "run eagerly in this server, no request waits on a compilation", file=sys.stderr, flush=True)
         self.eager_shapes[shape] += 1
         return self.forward(**kwargs)
 

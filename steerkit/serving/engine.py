@@ -123,7 +123,7 @@ class Engine:
         if callable(warm_up):  # the compiled step (--compile): every row bucket of the LM and of the compiled rewards
             from .loading import warm_up_compiled_rewards  # compiled before a request waits on it
 
-            tokens = validate_int("compile_tokens", compile_tokens)
+            tokens = min(validate_int("compile_tokens", compile_tokens), (self.context or 1 << 30) - 1)  # a row fits
             warm_up(self.max_running, tokenizer.eos_token_id or 0, tokens)
             warm_up_compiled_rewards(self, tokens)
 

@@ -108,7 +108,8 @@ def warm_up_compiled_rewards(engine, tokens: int) -> None:
     if engine.context is not None:
         tokens = min(tokens, engine.context - 3)  # a warm-up row's prompt and its two tokens fit the context
     # a prompt of 1 token fills the narrowest bucket of columns; one of half a wider bucket and 1, that bucket
-    lengths = [1] + [c * MIN_COLUMNS // 2 + 1 for c in buckets_up_to(bucket(tokens + 1, MIN_COLUMNS) // MIN_COLUMNS)[1:]]
+    wider = buckets_up_to(bucket(tokens + 1, MIN_COLUMNS) // MIN_COLUMNS)[1:]
+    lengths = [1] + [c * MIN_COLUMNS // 2 + 1 for c in wider]
     prompts = [engine.tokenizer.decode(engine.tokenizer(" a" * n, add_special_tokens=False)["input_ids"][:n])
                for n in lengths]
     observer, max_queue = engine.observer, engine.max_queue
