@@ -98,7 +98,9 @@ def warm_up_compiled_rewards(engine, tokens: int) -> None:
     ``--compile``) for each row bucket up to its ``max_running`` at its default k and each reward context of up to
     ``tokens`` tokens (64, 128, ... columns), now, as the LM's steps are (the engine calls this while it is built):
     rows of two greedy tokens, steered by one reward each, their prompts as long as each context bucket needs, run
-    through the engine before its loop starts. A reward the engine cannot run (one that reads the LM's own state, on
+    through the engine before its loop starts. A reward that scores the continuation alone (the default context) sees
+    two tokens of these rows, so only its narrowest bucket (64 columns) is warmed; its rows past 63 tokens score
+    eagerly in the loop. A reward the engine cannot run (one that reads the LM's own state, on
     the compiled LM) is left to fail its requests with its own error. The counts and the observer (the metrics) do not
     see these rows."""
     from ..compiling import bucket, buckets_up_to
