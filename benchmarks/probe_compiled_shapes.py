@@ -34,6 +34,9 @@ from pathlib import Path
 
 from steerkit.files import atomic_write_text
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from probe_long_prompt import token_times  # noqa: E402
+
 
 class _Tee(io.TextIOBase):
     """stderr, copied into a list of lines (the compilation lines of one way)."""
@@ -52,7 +55,7 @@ class _Tee(io.TextIOBase):
 
 def run(parts, long_prompt: str, short_tokens: int, delay: float) -> dict:
     from steerkit.serving.engine import Engine
-    from steerkit.serving.requests import FinishEvent, RowSpec
+    from steerkit.serving.requests import RowSpec
 
     engine = Engine(parts.model, parts.tokenizer, {}, default_k=20, max_running=2, max_queue=4)
     tee = _Tee(sys.stderr)
@@ -71,11 +74,7 @@ def run(parts, long_prompt: str, short_tokens: int, delay: float) -> dict:
 
         sender = threading.Thread(target=send_long)
         sender.start()
-        stamps = []
-        for event in short.iter_events(timeout=1800):
-            if isinstance(event, FinishEvent):
-                break
-            stamps.append(time.monotonic() - sent)
+        stamps = token_times(short, sent)
         sender.join()
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         return {"short_tokens": len(stamps), "short_done_s": round(stamps[-1], 2),

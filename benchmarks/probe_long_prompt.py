@@ -23,8 +23,21 @@ from pathlib import Path
 from steerkit.files import atomic_write_text
 
 
+def token_times(handle, since: float) -> list[float]:
+    """Seconds from ``since`` to each token a row handle streams, up to its finish; what the probes time a short
+    request by (also benchmarks/probe_compiled_shapes.py)."""
+    from steerkit.serving.requests import FinishEvent
+
+    stamps = []
+    for event in handle.iter_events(timeout=3600):
+        if isinstance(event, FinishEvent):
+            break
+        stamps.append(time.monotonic() - since)
+    return stamps
+
+
 def run(engine_cls, parts, prompt: str, chunk: int, delay: float) -> dict:
-    from steerkit.serving.requests import FinishEvent, RowSpec
+    from steerkit.serving.requests import RowSpec
 
     engine = engine_cls(parts.model, parts.tokenizer, {}, default_k=20, prefill_chunk=chunk)
     engine.start()
@@ -42,11 +55,7 @@ def run(engine_cls, parts, prompt: str, chunk: int, delay: float) -> dict:
         time.sleep(delay)
         sent = time.monotonic()
         short = engine.submit(RowSpec("The weather today is", 8, temperature=0, rewards={}))
-        stamps = []
-        for event in short.iter_events(timeout=3600):
-            if isinstance(event, FinishEvent):
-                break
-            stamps.append(time.monotonic() - sent)
+        stamps = token_times(short, sent)
         waiter.join()
         gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         return {"prefill_chunk": chunk, "long_done_s": round(times["long"], 2),

@@ -71,9 +71,10 @@ def bucket(n: int, smallest: int = 1) -> int:
     return b
 
 
-def buckets_up_to(n: int) -> list[int]:
-    """The row buckets 1, 2, 4, ... up to the one that holds ``n`` rows (:func:`bucket`): what a warm-up compiles."""
-    sizes = [1]
+def buckets_up_to(n: int, smallest: int = 1) -> list[int]:
+    """The buckets ``smallest`` times 1, 2, 4, ... up to the one that holds ``n`` (:func:`bucket`): what a warm-up
+    compiles (rows; a width's or a reward context's columns)."""
+    sizes = [max(1, int(smallest))]
     while sizes[-1] < n:
         sizes.append(sizes[-1] * 2)
     return sizes
@@ -119,8 +120,8 @@ def new_shapes_run_eagerly():
     in this: its start-up compiles the shapes it expects (every row bucket at the narrowest width and the default
     ``k``), and a row that outgrows them (a long prompt, another ``k``) makes the steps of its batch run eagerly while
     it runs, rather than making every request wait minutes on a compilation. Compiling a shape beside the loop, in
-    another thread, is no way out: tracing the model in one thread while another runs it eagerly shares transformers'
-    compile-time state between them (a guard failed), and the tracing thread held the interpreter so much that the
+    another thread, is no way out: tracing the model in one thread while another runs it eagerly shares the compile-time
+    state of transformers' ``kernels`` dependency between them (a guard failed), and the tracing thread held the interpreter so much that the
     eager steps of a tiny model took 20 times as long (docs/performance.md)."""
     before = getattr(_no_new_shapes, "active", False)
     _no_new_shapes.active = True

@@ -116,9 +116,9 @@ class StaticLMBatch(LMBatch):
         if self.compiled is None or self.rows:
             return
         self._read_kv_shape(self.prefill([token_id]).cache)
-        for width in buckets_up_to(bucket(tokens + 1, MIN_WIDTH) // MIN_WIDTH):
+        for width in buckets_up_to(tokens + 1, MIN_WIDTH):
             for slots in buckets_up_to(max_rows):
-                self._allocate(slots, width * MIN_WIDTH)
+                self._allocate(slots, width)
                 self.rows, self.t = 0, 0
                 self.advance(torch.full((0,), token_id, dtype=torch.long))
         self.reset()

@@ -103,15 +103,14 @@ def warm_up_compiled_rewards(engine, tokens: int) -> None:
     eagerly in the loop. A reward the engine cannot run (one that reads the LM's own state, on
     the compiled LM) is left to fail its requests with its own error. The counts and the observer (the metrics) do not
     see these rows."""
-    from ..compiling import bucket, buckets_up_to
+    from ..compiling import buckets_up_to
     from ..rewards.static_kv import MIN_COLUMNS
 
     names = [name for name in engine.lookup.names() if getattr(engine.lookup(name), "static", None) == "compiled"]
     if engine.context is not None:
         tokens = min(tokens, engine.context - 3)  # a warm-up row's prompt and its two tokens fit the context
     # a prompt of 1 token fills the narrowest bucket of columns; one of half a wider bucket and 1, that bucket
-    wider = buckets_up_to(bucket(tokens + 1, MIN_COLUMNS) // MIN_COLUMNS)[1:]
-    lengths = [1] + [c * MIN_COLUMNS // 2 + 1 for c in wider]
+    lengths = [1] + [columns // 2 + 1 for columns in buckets_up_to(tokens + 1, MIN_COLUMNS)[1:]]
     prompts = [engine.tokenizer.decode(engine.tokenizer(" a" * n, add_special_tokens=False)["input_ids"][:n])
                for n in lengths]
     observer, max_queue = engine.observer, engine.max_queue
