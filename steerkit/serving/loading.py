@@ -97,28 +97,31 @@ def warm_up_compiled_rewards(engine, tokens: int) -> None:
     """Compile the candidate scoring of every reward ``engine`` serves whose scoring is compiled (a static session,
     ``--compile``) for each row bucket up to its ``max_running`` at its default k and each reward context of up to
     ``tokens`` tokens (64, 128, ... columns), now, as the LM's steps are (the engine calls this while it is built):
-    rows of two greedy tokens, steered by one reward each, their prompts as long as each context bucket needs, run
-    through the engine before its loop starts. A reward that scores the continuation alone (the default context) sees
-    two tokens of these rows, so only its narrowest bucket (64 columns) is warmed; its rows past 63 tokens score
-    eagerly in the loop. A reward the engine cannot run (one that reads the LM's own state, on
-    the compiled LM) is left to fail its requests with its own error. The counts and the observer (the metrics) do not
-    see these rows."""
+    greedy rows steered by one reward each, run through the engine before its loop starts. A reward that reads the
+    prompt (``context="full"``) gets rows of two tokens, their prompts as long as each context bucket needs; one that
+    scores the continuation alone (the default context, every shipped reward) gets rows of a one-token prompt that
+    generate as many tokens as the widest bucket needs, so they pass through every bucket (a row that ends early, at
+    its end-of-sequence token, leaves the wider buckets to run eagerly in the loop). A reward the engine cannot run
+    (one that reads the LM's own state, on the compiled LM) is left to fail its requests with its own error. The
+    counts and the observer (the metrics) do not see these rows."""
     from ..compiling import buckets_up_to
     from ..rewards.static_kv import MIN_COLUMNS
 
     names = [name for name in engine.lookup.names() if getattr(engine.lookup(name), "static", None) == "compiled"]
     if engine.context is not None:
-        tokens = min(tokens, engine.context - 3)  # a warm-up row's prompt and its two tokens fit the context
+        tokens = min(tokens, engine.context - 3)  # each warm-up row (its prompt and tokens) fits the context
     # a prompt of 1 token fills the narrowest bucket of columns; one of half a wider bucket and 1, that bucket
     lengths = [1] + [columns // 2 + 1 for columns in buckets_up_to(tokens + 1, MIN_COLUMNS)[1:]]
     prompts = [engine.tokenizer.decode(engine.tokenizer(" a" * n, add_special_tokens=False)["input_ids"][:n])
                for n in lengths]
+    # (prompt, tokens) rows: a full-context reward's bucket is filled by the prompt, a continuation's by its tokens
+    rows = {"full": [(prompt, 2) for prompt in prompts], "continuation": [(prompts[0], lengths[-1] + 1)]}
     observer, max_queue = engine.observer, engine.max_queue
     engine.observer, engine.max_queue = None, max(max_queue, engine.max_running)  # a bucket's rows at once
     try:
         for name in names:
-            for prompt in prompts:
-                if not _warm_up_reward(engine, name, prompt):
+            for prompt, max_tokens in rows[getattr(engine.lookup(name), "context", "full")]:
+                if not _warm_up_reward(engine, name, prompt, max_tokens):
                     break
     finally:
         engine.observer, engine.max_queue = observer, max_queue
@@ -126,15 +129,15 @@ def warm_up_compiled_rewards(engine, tokens: int) -> None:
         engine._core.reset()
 
 
-def _warm_up_reward(engine, name: str, prompt: str) -> bool:
-    """Rows of ``prompt`` steered by reward ``name`` through ``engine``, one batch per row bucket: False where the
-    engine refuses them (as it would any request naming that reward)."""
+def _warm_up_reward(engine, name: str, prompt: str, max_tokens: int) -> bool:
+    """Rows of ``prompt`` generating ``max_tokens`` tokens steered by reward ``name`` through ``engine``, one batch
+    per row bucket: False where the engine refuses them (as it would any request naming that reward)."""
     from ..compiling import buckets_up_to
     from ..errors import SteerkitError
     from .requests import RowSpec
 
     for rows in buckets_up_to(engine.max_running):
-        specs = [RowSpec(prompt, 2, temperature=0.0, k=engine.default_k, rewards={name: 1.0})
+        specs = [RowSpec(prompt, max_tokens, temperature=0.0, k=engine.default_k, rewards={name: 1.0})
                  for _ in range(min(rows, engine.max_running))]
         try:
             handles = engine.submit_all(specs)

@@ -24,8 +24,7 @@ DEFAULT_MAX_RUNNING, DEFAULT_MAX_QUEUE = 16, 64
 
 #: With ``--compile``: a row of up to this many tokens (its prompt, its tokens, a reward's context) runs on shapes the
 #: server compiled while it started; a longer one makes its batch's steps run eagerly (``--compile-tokens``). 127: the
-#: LM's narrowest width (128 columns). The warm-up rows generate 2 tokens, so a reward's wider context buckets are
-#: warmed only where its context holds the prompt (``context="full"``); a continuation reward's stay at 64 columns.
+#: LM's narrowest width (128 columns), and the rewards' context buckets of 64 and 128 columns.
 COMPILE_TOKENS = 127
 
 #: A prompt longer than this many tokens is prefilled this many at a time, one chunk between decode steps

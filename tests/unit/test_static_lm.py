@@ -234,6 +234,37 @@ def test_compile_tokens_compiles_every_width_a_row_of_that_many_tokens_uses(fres
     assert result.token_ids == solo(fresh_lm, tokenizer, eager, spec)[0]
 
 
+def test_compile_tokens_warms_a_continuation_reward_at_every_context_bucket(fresh_lm, tokenizer, capfd):
+    """A reward that scores the continuation alone (the default context, every shipped reward) fills its context
+    with generated tokens, not with the prompt: the start-up's rows for it generate their way through each bucket, so
+    with ``compile_tokens`` 200 its scoring compiles at 64, 128 and 256 columns, and a short prompt generating 150
+    tokens runs with nothing compiling and nothing eager in the loop, on the eager ``generate``'s tokens."""
+    from test_engine import solo
+
+    from steerkit.compiling import compiled_step
+    from steerkit.rewards.sequence.static_cache import compiled_scoring
+    from steerkit.testing import tiny_reward
+
+    reward_model = tiny_reward(tokenizer)
+    eager = RewardModelScorer(reward_model)
+    assert eager.context == "continuation"
+    engine = Engine(StaticLM(fresh_lm, compiled=True), tokenizer, {"tiny": eager.compiled_form(compiled=True)},
+                    default_k=5, max_running=1, max_queue=8, compile_tokens=200)
+    capfd.readouterr()
+    assert {shape[1] for shape in compiled_scoring(reward_model).shapes} == {"64 prefix", "128 prefix", "256 prefix"}
+    spec = RowSpec("ab", 150, temperature=0.0, rewards={"tiny": -3.0})
+    engine.start()
+    try:
+        result = engine.submit_all([spec])[0].result(timeout=120)
+    finally:
+        engine.shutdown(0)
+    err = capfd.readouterr().err
+    assert "compiling" not in err and "was not compiled" not in err
+    assert len(result.token_ids) == 150 and not compiled_step(fresh_lm).eager_shapes
+    assert not compiled_scoring(reward_model).eager_shapes
+    assert result.token_ids == solo(fresh_lm, tokenizer, eager, spec)[0]
+
+
 def test_int8_weights_replace_every_linear_and_stay_close_to_float32(lm):
     q = as_int8(lm)
     assert q is as_int8(lm) and q is not lm  # one copy per model; the float32 LM is untouched
