@@ -198,9 +198,12 @@ class Server:
                                        cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
         if setup["tree"] and not Path(self.steerkit).resolve().is_relative_to(Path(setup["tree"]).resolve()):
             raise SystemExit(f"set-up {setup['name']!r} would import {self.steerkit}, not its tree's steerkit")
+        self.started = time.monotonic()
         self.process = subprocess.Popen(self.cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=self.log,
                                         text=True)
         self.compiled: list[str] = []
+        self.eager: list[str] = []  # shapes the start-up did not compile, which ran eagerly (a compiled server)
+        self.startup_s: float | None = None
 
     def wait_healthy(self, bodies: list[dict]) -> None:
         deadline = time.monotonic() + (1800 if self.setup["compile"] else 180)  # compiling each row bucket: ~1 min
@@ -216,6 +219,7 @@ class Server:
             if time.monotonic() > deadline:
                 raise SystemExit("the server did not become healthy in time")
             time.sleep(0.5)
+        self.startup_s = time.monotonic() - self.started  # servers started together share the cores meanwhile
         asyncio.run(run_level(self.url, bodies[:2], 2))  # warm-up: first forwards, allocator
 
     def level(self, bodies: list[dict], clients: int) -> dict:
@@ -241,7 +245,9 @@ class Server:
         except subprocess.TimeoutExpired:
             self.process.kill()
         self.log.seek(0)
-        self.compiled = [line.strip() for line in self.log if line.startswith("steerkit: compiled in")]
+        lines = self.log.readlines()
+        self.compiled = [line.strip() for line in lines if line.startswith("steerkit: compiled in")]
+        self.eager = [line.strip() for line in lines if "was not compiled" in line]
         self.log.close()
 
 
@@ -316,11 +322,13 @@ def main() -> None:
         result = {**common, "rounds": args.rounds, "ratios_are": f"tokens/s over {first}'s in the same round",
                   "setups": [{"setup": server.setup["name"], "server": " ".join(server.cmd[2:]),
                               "steerkit_tree": server.setup["tree"], "steerkit_imported": server.steerkit,
-                              "compilations_at_start": server.compiled, "rounds": runs[server.setup["name"]],
+                              "compilations_at_start": server.compiled, "startup_s": server.startup_s,
+                              "not_compiled_lines": server.eager, "rounds": runs[server.setup["name"]],
                               "tokens_per_s_over_first": ratios[server.setup["name"]]} for server in servers]}
     else:
         server = servers[0]
         result = {**common, "server": " ".join(server.cmd[2:]), "compilations_at_start": server.compiled,
+                  "startup_s": server.startup_s, "not_compiled_lines": server.eager,
                   "levels": runs[server.setup["name"]][0]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".json.tmp")

@@ -77,7 +77,9 @@ def test_the_static_layout_is_not_reallocated_per_step(compiled_rm, tokenizer):
     keys = cache.static.layers[0].keys
     assert tuple(keys.shape[::2]) == (2, MIN_PREFIX + scratch_bucket(1))  # rows, prefix + scratch columns
     step = 0
-    while cache.length + 6 <= MIN_PREFIX:  # the start token, then one column a step; k = 6 candidates in scratch
+    # the start token, then one column a step; k = 6 candidates in the scratch columns, and the prefix needs room for
+    # the one committed (not for all 6: a 64-column prefix holds 63 cached tokens)
+    while cache.length + 1 <= MIN_PREFIX:
         session.score(torch.randint(3, 200, (2, 6)))
         session.commit(session._candidates[:, step % 6])
         step += 1

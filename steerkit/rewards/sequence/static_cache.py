@@ -94,7 +94,7 @@ class StaticScoringCache(SharedPrefixCache):
         self.compiled = compiled_scoring(model) if compiled else None
         self.compiled_keep = compiled_keep(model) if compiled and COMPILE_COMMIT else None
         self.prefix = self.scratch = 0
-        self._blocks = False  # True while score_blocks runs its forward (the compiled one)
+        self._blocks = 0  # m, the tokens of a block, while score_blocks runs its forward (the compiled one); else 0
         self.append(input_ids, attention_mask)
 
     @property
@@ -115,19 +115,20 @@ class StaticScoringCache(SharedPrefixCache):
 
     # -- the forward ---------------------------------------------------------------------------------------
     def _score_chunk(self, blocks, block_mask):
-        self._blocks = True
+        self._blocks = blocks.shape[-1]  # m: the prefix needs room for the chosen block only, not all k of them
         try:
             return super()._score_chunk(blocks, block_mask)
         finally:
-            self._blocks = False
+            self._blocks = 0
 
     @torch.no_grad()
     def _forward(self, ids, position_ids, allowed):
-        """Run ``ids`` [B, n]: candidate blocks into the scratch columns (the compiled shape: all of the scratch),
-        a prefix extension straight into its columns ``[T, T + n)`` (eager: its length varies)."""
+        """Run ``ids`` [B, n]: candidate blocks into the scratch columns (the compiled shape: all of the scratch;
+        the prefix keeps room for the block the commit copies to ``[T, T + m)``), a prefix extension straight into its
+        columns ``[T, T + n)`` (eager: its length varies)."""
         B, n = ids.shape
         T = self.length
-        self._room(B, T + n, n if self._blocks else 0)
+        self._room(B, T + (self._blocks or n), n if self._blocks else 0)
         first, queries = (self.prefix, self.scratch) if self._blocks else (T, n)
         kwargs = self.kv.inputs(ids, position_ids, allowed, T, first, queries)
         if self._blocks and self.compiled is not None:
