@@ -12,9 +12,10 @@ positions, pending blocks, rollbacks, rows leaving and joining) on one transform
   ``[T, T + m)``, and the others are simply overwritten by the next step. A prefix extension is written straight to
   ``[T, T + n)``. Nothing is concatenated or cropped per step.
 * **Buckets:** ``slots`` is the rows rounded up to a power of two, ``prefix`` the columns needed rounded up to a
-  power of two (at least :data:`MIN_PREFIX`), ``scratch`` the block tokens (k·m) rounded up to a multiple of
-  :data:`SCRATCH_STEP` (a power of two above 4 · :data:`SCRATCH_STEP`). Padded rows and queries read token 0 at
-  position 0 and see only themselves; their rewards are dropped.
+  power of two (at least :data:`MIN_PREFIX`; a step needs ``T + m``: the cached columns and the block it commits),
+  ``scratch`` the block tokens (k·m) rounded up to a multiple of :data:`SCRATCH_STEP` (a power of two above
+  4 · :data:`SCRATCH_STEP`). Padded rows and queries read token 0 at position 0 and see only themselves; their rewards
+  are dropped.
 * **Compiled:** the block scoring of a step (the forward over the k candidate blocks) runs through the model's
   :class:`~steerkit.compiling.CompiledStep`, once per (slots, prefix, scratch) shape and process, with the
   kernels cached on disk as the LM's are; so does the commit's copy of the chosen block (:func:`compiled_keep`).
