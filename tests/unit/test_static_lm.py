@@ -206,24 +206,30 @@ def test_served_rows_past_the_compiled_shapes_run_eagerly_and_the_server_compile
     assert "compiling the decode step for 1 row(s) x 256 tokens" in capfd.readouterr().err
 
 
-def test_compile_tokens_compiles_every_width_a_row_of_that_many_tokens_uses(fresh_lm, tokenizer, capfd):
+@pytest.mark.parametrize("context, prompt, tokens", [("full", " ".join(["hello world"] * 15), 10),
+                                                      ("continuation", "ab", 150)])
+def test_compile_tokens_compiles_every_width_a_row_of_that_many_tokens_uses(context, prompt, tokens, fresh_lm,
+                                                                             tokenizer, capfd):
     """``compile_tokens`` (``steerkit serve --compile-tokens``) 200: the LM's step at 128 and 256 columns and the
-    reward's scoring at 64, 128 and 256 columns of context compile at start-up, so a 150-token prompt runs compiled
-    with nothing compiling and nothing eager in the loop; the tokens are the eager ``generate``'s."""
+    reward's scoring at 64, 128 and 256 columns of context compile at start-up, so a row past 150 tokens runs compiled
+    with nothing compiling and nothing eager in the loop, on the eager ``generate``'s tokens. A reward whose context
+    holds the prompt (``full``) gets it from a 150-token prompt; one that scores the continuation alone (the default,
+    every shipped reward) from 150 generated tokens: the start-up's rows for it generate their way through each
+    bucket."""
     from test_engine import solo
 
     from steerkit.compiling import compiled_step
     from steerkit.rewards.sequence.static_cache import compiled_scoring
     from steerkit.testing import tiny_reward
 
-    reward_model = tiny_reward(tokenizer)
-    eager = RewardModelScorer(reward_model, context="full")
+    reward_model = tiny_reward(tokenizer)  # its own object: what this process compiled for it is this test's alone
+    eager = RewardModelScorer(reward_model, context=context)
     engine = Engine(StaticLM(fresh_lm, compiled=True), tokenizer, {"tiny": eager.compiled_form(compiled=True)},
                     default_k=5, max_running=1, max_queue=8, compile_tokens=200)
     capfd.readouterr()
     assert compiled_step(fresh_lm).shapes == {("1 row(s)", "128 tokens"), ("1 row(s)", "256 tokens")}
     assert {shape[1] for shape in compiled_scoring(reward_model).shapes} == {"64 prefix", "128 prefix", "256 prefix"}
-    spec = RowSpec(" ".join(["hello world"] * 15), 10, temperature=0.0, rewards={"tiny": -3.0})
+    spec = RowSpec(prompt, tokens, temperature=0.0, rewards={"tiny": -3.0})
     engine.start()
     try:
         result = engine.submit_all([spec])[0].result(timeout=120)
@@ -231,37 +237,8 @@ def test_compile_tokens_compiles_every_width_a_row_of_that_many_tokens_uses(fres
         engine.shutdown(0)
     err = capfd.readouterr().err
     assert "compiling" not in err and "was not compiled" not in err
-    assert result.token_ids == solo(fresh_lm, tokenizer, eager, spec)[0]
-
-
-def test_compile_tokens_warms_a_continuation_reward_at_every_context_bucket(fresh_lm, tokenizer, capfd):
-    """A reward that scores the continuation alone (the default context, every shipped reward) fills its context
-    with generated tokens, not with the prompt: the start-up's rows for it generate their way through each bucket, so
-    with ``compile_tokens`` 200 its scoring compiles at 64, 128 and 256 columns, and a short prompt generating 150
-    tokens runs with nothing compiling and nothing eager in the loop, on the eager ``generate``'s tokens."""
-    from test_engine import solo
-
-    from steerkit.compiling import compiled_step
-    from steerkit.rewards.sequence.static_cache import compiled_scoring
-    from steerkit.testing import tiny_reward
-
-    reward_model = tiny_reward(tokenizer)
-    eager = RewardModelScorer(reward_model)
-    assert eager.context == "continuation"
-    engine = Engine(StaticLM(fresh_lm, compiled=True), tokenizer, {"tiny": eager.compiled_form(compiled=True)},
-                    default_k=5, max_running=1, max_queue=8, compile_tokens=200)
-    capfd.readouterr()
-    assert {shape[1] for shape in compiled_scoring(reward_model).shapes} == {"64 prefix", "128 prefix", "256 prefix"}
-    spec = RowSpec("ab", 150, temperature=0.0, rewards={"tiny": -3.0})
-    engine.start()
-    try:
-        result = engine.submit_all([spec])[0].result(timeout=120)
-    finally:
-        engine.shutdown(0)
-    err = capfd.readouterr().err
-    assert "compiling" not in err and "was not compiled" not in err
-    assert len(result.token_ids) == 150 and not compiled_step(fresh_lm).eager_shapes
-    assert not compiled_scoring(reward_model).eager_shapes
+    assert len(result.token_ids) == tokens
+    assert not compiled_step(fresh_lm).eager_shapes and not compiled_scoring(reward_model).eager_shapes
     assert result.token_ids == solo(fresh_lm, tokenizer, eager, spec)[0]
 
 
