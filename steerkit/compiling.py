@@ -117,12 +117,13 @@ _no_new_shapes = threading.local()
 def new_shapes_run_eagerly():
     """Inside this, in the calling thread only, a step of a shape this process has not compiled runs eagerly (the same
     forward on the same inputs) instead of compiling, with one line on stderr per shape. The server's decode loop runs
-    in this: its start-up compiles the shapes it expects (every row bucket at the narrowest width and the default
-    ``k``), and a row that outgrows them (a long prompt, another ``k``) makes the steps of its batch run eagerly while
-    it runs, rather than making every request wait minutes on a compilation. Compiling a shape beside the loop, in
-    another thread, is no way out: tracing the model in one thread while another runs it eagerly shares the compile-time
-    state of transformers' ``kernels`` dependency between them (a guard failed), and the tracing thread held the interpreter so much that the
-    eager steps of a tiny model took 20 times as long (docs/performance.md)."""
+    in this: its start-up compiles the shapes it expects (every row bucket at each width and reward context a row of
+    up to ``--compile-tokens`` tokens uses, at the default ``k``), and a row that outgrows them (a longer row, another
+    ``k``) makes the steps of its batch run eagerly while it runs, rather than making every request wait minutes on a
+    compilation. Compiling a shape beside the loop, in another thread, is no way out: tracing the model in one thread
+    while another runs it eagerly shares the compile-time state of transformers' ``kernels`` dependency between them
+    (a guard failed), and the tracing thread held the interpreter so much that the eager steps of a tiny model took 20
+    times as long (docs/performance.md)."""
     before = getattr(_no_new_shapes, "active", False)
     _no_new_shapes.active = True
     try:

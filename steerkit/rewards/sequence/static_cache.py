@@ -95,7 +95,7 @@ class StaticScoringCache(SharedPrefixCache):
         self.compiled = compiled_scoring(model) if compiled else None
         self.compiled_keep = compiled_keep(model) if compiled and COMPILE_COMMIT else None
         self.prefix = self.scratch = 0
-        self._blocks = 0  # m, the tokens of a block, while score_blocks runs its forward (the compiled one); else 0
+        self._block_tokens = 0  # m, a block's tokens, while score_blocks runs its forward (the compiled one); else 0
         self.append(input_ids, attention_mask)
 
     @property
@@ -116,11 +116,11 @@ class StaticScoringCache(SharedPrefixCache):
 
     # -- the forward ---------------------------------------------------------------------------------------
     def _score_chunk(self, blocks, block_mask):
-        self._blocks = blocks.shape[-1]  # m: the prefix needs room for the chosen block only, not all k of them
+        self._block_tokens = blocks.shape[-1]  # m: the prefix needs room for the chosen block only, not all k of them
         try:
             return super()._score_chunk(blocks, block_mask)
         finally:
-            self._blocks = 0
+            self._block_tokens = 0
 
     @torch.no_grad()
     def _forward(self, ids, position_ids, allowed):
@@ -129,10 +129,10 @@ class StaticScoringCache(SharedPrefixCache):
         columns ``[T, T + n)`` (eager: its length varies)."""
         B, n = ids.shape
         T = self.length
-        self._room(B, T + (self._blocks or n), n if self._blocks else 0)
-        first, queries = (self.prefix, self.scratch) if self._blocks else (T, n)
+        self._room(B, T + (self._block_tokens or n), n if self._block_tokens else 0)
+        first, queries = (self.prefix, self.scratch) if self._block_tokens else (T, n)
         kwargs = self.kv.inputs(ids, position_ids, allowed, T, first, queries)
-        if self._blocks and self.compiled is not None:
+        if self._block_tokens and self.compiled is not None:
             shape = (f"{self.kv.slots} row(s)", f"{self.prefix} prefix", f"{queries} candidate tokens")
             rewards = self.compiled(shape, kwargs)
         else:
