@@ -139,13 +139,11 @@ class CompiledStep:
     (:class:`~steerkit.rewards.sequence.static_cache.StaticScoringCache`) both run through it."""
 
     def __init__(self, model, forward=None, *, what: str = "the decode step"):
-        with warnings.catch_warnings():  # torch 2.13's inductor imports its own deprecated torch.jit.script_method
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated",
-                                    category=DeprecationWarning)
-            import torch._inductor.compile_fx  # noqa: F401
+        _import_inductor()
         inductor_cache_dir()
         _raise_recompile_limit()
         install_gqa_attention()
+        install_template_cache()
         self.forward = forward or model.forward
         self.what = what
         self.cuda = next(model.parameters()).device.type == "cuda"
@@ -230,6 +228,34 @@ class CompiledStep:
                   "run eagerly in this server, no request waits on a compilation", file=sys.stderr, flush=True)
         self.eager_shapes[shape] += 1
         return self.forward(**kwargs)
+
+
+def _import_inductor() -> None:
+    with warnings.catch_warnings():  # torch 2.13's inductor imports its own deprecated torch.jit.script_method
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated",
+                                category=DeprecationWarning)
+        import torch._inductor.compile_fx  # noqa: F401
+
+
+def install_template_cache() -> None:
+    """Keep inductor's C++ kernel templates parsed: inductor parses a template's jinja source again for every kernel
+    it renders (``KernelTemplate._template_from_string``: a new ``jinja2`` template per call, while the sources are a
+    few fixed strings), and on a CPU it renders each matrix product's GEMM template once per autotuning candidate and
+    once for the kernel it keeps. This wraps that function in a cache keyed by the source: the same template objects,
+    which render the same code. SmolLM2's float32 decode step compiled in 34.4 s where it took 53.5 s, its kernels in
+    the disk cache (67.5 against 84.6 s from an empty cache; ``benchmarks/bench_compile_time.py``,
+    docs/performance.md). Installed once per process, when the first :class:`CompiledStep` is made; a torch without
+    the function compiles as before."""
+    _import_inductor()
+    from torch._inductor.codegen import common
+
+    template_class = getattr(common, "KernelTemplate", None)
+    parse = getattr(template_class, "_template_from_string", None)
+    if parse is None or getattr(parse, "steerkit_cached", False):
+        return
+    cached = functools.lru_cache(maxsize=256)(parse)
+    cached.steerkit_cached = True
+    template_class._template_from_string = staticmethod(cached)
 
 
 def install_gqa_attention() -> None:

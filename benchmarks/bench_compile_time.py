@@ -1,0 +1,118 @@
+"""Compile time of steerkit's decode step with inductor's kernel templates parsed once per process
+(``steerkit.compiling.install_template_cache``) against parsed on every use (torch's own way), side by side in one run.
+
+Each measurement is a new process running ``steerkit generate "Hello there" -t 8 --compile --greedy --json`` on the
+packaged SmolLM2 (1 row, so one shape: 1 row x 128 tokens), with ``--dtype`` per setup; "torch's way" is the same
+command with ``install_template_cache`` replaced by a no-op before the CLI starts. The seconds are what steerkit's
+"compiled in" line on stderr says. Per setup:
+
+- **cold**: each variant compiles in its own empty inductor cache (nothing on disk: every C++ kernel and autotuning
+  candidate compiled and timed);
+- **warm**: ``--rounds`` rounds, alternated with the order reversed each round, in one cache the cold runs filled
+  (the kernels and autotuning choices on disk, as in every process after a machine's first; inductor's FX graph
+  cache cannot keep a step whose frozen weights are packed for oneDNN, so each process lowers its graph again).
+
+Printed and written as JSON: each run's seconds, the medians, torch's way over the cached way, the load average, and
+whether the two variants' texts are equal (they must be: the same kernels).
+
+    python benchmarks/bench_compile_time.py    # ~12 min on 1 thread; JSON: benchmarks/results/bench_compile_time.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from cpu_info import cpu_flags  # noqa: E402
+
+#: what a measurement runs in its process: the CLI, with the template cache off where the first argument says so
+RUNNER = """
+import sys
+if sys.argv[1] == "torch":
+    import steerkit.compiling
+    steerkit.compiling.install_template_cache = lambda: None
+from steerkit.cli import main
+sys.argv = ["steerkit", *sys.argv[2:]]
+sys.exit(main())
+"""
+
+VARIANTS = ("cached", "torch")
+
+
+def measure(variant: str, dtype: str, cache_dir: str, threads: int) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
+    command = [sys.executable, "-c", RUNNER, variant, "--threads", str(threads), "generate", "Hello there", "-t", "8",
+               "--compile", "--greedy", "--json", "--dtype", dtype]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{variant} {dtype} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    seconds = [float(s) for s in re.findall(r"steerkit: compiled in ([0-9.]+) s", done.stderr)]
+    if not seconds:
+        raise SystemExit(f"{variant} {dtype}: no 'compiled in' line on stderr:\n{done.stderr[-3000:]}")
+    texts = [g["text"] for g in json.loads(done.stdout)["generations"]]
+    print(f"  {dtype:9} {variant:6} {sum(seconds):6.1f} s ({len(seconds)} shape(s))", flush=True)
+    return {"variant": variant, "compile_s": sum(seconds), "shapes": len(seconds), "texts": texts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default=str(HERE / "results" / "bench_compile_time.json"))
+    args = parser.parse_args()
+    from steerkit.files import atomic_write_text
+
+    load_before = os.getloadavg()
+    setups = []
+    with tempfile.TemporaryDirectory(prefix="bench-compile-time-") as scratch:
+        for dtype in args.dtypes:
+            print(f"{dtype}: cold (an empty inductor cache each)", flush=True)
+            cold = {}
+            for variant in VARIANTS:
+                cold[variant] = measure(variant, dtype, f"{scratch}/{dtype}-cold-{variant}", args.threads)
+            warm_dir = f"{scratch}/{dtype}-cold-cached"
+            print(f"{dtype}: warm (the cold cached run's disk cache), {args.rounds} rounds", flush=True)
+            warm = {v: [] for v in VARIANTS}
+            for r in range(args.rounds):
+                for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
+                    warm[variant].append(measure(variant, dtype, warm_dir, args.threads))
+            runs = [cold[v] for v in VARIANTS] + [m for v in VARIANTS for m in warm[v]]
+            medians = {v: statistics.median(m["compile_s"] for m in warm[v]) for v in VARIANTS}
+            setups.append({
+                "dtype": dtype,
+                "cold_s": {v: cold[v]["compile_s"] for v in VARIANTS},
+                "cold_torch_over_cached": cold["torch"]["compile_s"] / cold["cached"]["compile_s"],
+                "warm_s": {v: [m["compile_s"] for m in warm[v]] for v in VARIANTS},
+                "warm_median_s": medians,
+                "warm_torch_over_cached": medians["torch"] / medians["cached"],
+                "same_texts": all(m["texts"] == runs[0]["texts"] for m in runs),
+                "texts": runs[0]["texts"],
+            })
+    result = {"benchmark": "bench_compile_time", "threads": args.threads, "rounds": args.rounds,
+              "cpu": platform.processor() or platform.machine(), "cpu_flags": cpu_flags(),
+              "load_average_before": load_before, "load_average_after": os.getloadavg(), "setups": setups}
+    print()
+    print("| dtype | cold: torch's way / cached (s) | ratio | warm median: torch's way / cached (s) | ratio | same texts |")
+    print("|---|---:|---:|---:|---:|---|")
+    for s in setups:
+        print(f"| {s['dtype']} | {s['cold_s']['torch']:.1f} / {s['cold_s']['cached']:.1f} | "
+              f"{s['cold_torch_over_cached']:.2f} | {s['warm_median_s']['torch']:.1f} / "
+              f"{s['warm_median_s']['cached']:.1f} | {s['warm_torch_over_cached']:.2f} | {s['same_texts']} |")
+    atomic_write_text(Path(args.out), json.dumps(result, indent=2) + "\n")
+    print(f"\nJSON: {args.out}; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
+
+
+if __name__ == "__main__":
+    main()
