@@ -205,22 +205,24 @@ class Server:
         self.eager: list[str] = []  # shapes the start-up did not compile, which ran eagerly (a compiled server)
         self.startup_s: float | None = None
 
-    def wait_healthy(self, bodies: list[dict]) -> None:
-        deadline = time.monotonic() + (1800 if self.setup["compile"] else 180)  # compiling each row bucket: ~1 min
-        while True:
-            if self.process.poll() is not None:
-                self.log.seek(0)
-                raise SystemExit(f"the server exited: {self.log.read()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the server did not become healthy in time")
-            time.sleep(0.5)
-        self.startup_s = time.monotonic() - self.started  # servers started together share the cores meanwhile
-        asyncio.run(run_level(self.url, bodies[:2], 2))  # warm-up: first forwards, allocator
+    def healthy(self) -> bool:
+        """Whether ``/health`` answers 200 now; the first time it does, :attr:`startup_s` is set. A server that
+        exited or passed its deadline ends the benchmark."""
+        if self.startup_s is not None:
+            return True
+        if self.process.poll() is not None:
+            self.log.seek(0)
+            raise SystemExit(f"the server exited: {self.log.read()}")
+        try:
+            if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                # servers started together share the cores meanwhile
+                self.startup_s = time.monotonic() - self.started
+                return True
+        except httpx.TransportError:
+            pass
+        if time.monotonic() - self.started > (1800 if self.setup["compile"] else 180):  # a row bucket: ~1 min
+            raise SystemExit("the server did not become healthy in time")
+        return False
 
     def level(self, bodies: list[dict], clients: int) -> dict:
         replicated = self.setup["replicas"] > 1  # /metrics answers from one replica: no server-side figures
@@ -289,8 +291,10 @@ def main() -> None:
     try:
         for setup in setups:
             servers.append(Server(args, setup, max(args.levels)))
+        while not all([server.healthy() for server in servers]):  # each server's own start-up time: all polled
+            time.sleep(0.5)
         for server in servers:
-            server.wait_healthy(bodies)
+            asyncio.run(run_level(server.url, bodies[:2], 2))  # warm-up: first forwards, allocator
         for r in range(args.rounds):
             order = servers if r % 2 == 0 else servers[::-1]
             for server in order:
