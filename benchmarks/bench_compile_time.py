@@ -15,7 +15,7 @@ command with ``install_template_cache`` replaced by a no-op before the CLI start
 Printed and written as JSON: each run's seconds, the medians, torch's way over the cached way, the load average, and
 whether the two variants' texts are equal (they must be: the same kernels).
 
-    python benchmarks/bench_compile_time.py    # ~12 min on 1 thread; JSON: benchmarks/results/bench_compile_time.json
+    python benchmarks/bench_compile_time.py    # ~14 min on 1 thread; JSON: benchmarks/results/bench_compile_time.json
 """
 
 from __future__ import annotations
