@@ -79,10 +79,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-compile-time-") as scratch:
         for dtype in args.dtypes:
             print(f"{dtype}: cold (an empty inductor cache each)", flush=True)
-            cold = {}
-            for variant in VARIANTS:
-                cold[variant] = measure(variant, dtype, f"{scratch}/{dtype}-cold-{variant}", args.threads)
-            warm_dir = f"{scratch}/{dtype}-cold-cached"
+            cold_dirs = {variant: f"{scratch}/{dtype}-cold-{variant}" for variant in VARIANTS}
+            cold = {variant: measure(variant, dtype, cold_dirs[variant], args.threads) for variant in VARIANTS}
+            warm_dir = cold_dirs["cached"]
             print(f"{dtype}: warm (the cold cached run's disk cache), {args.rounds} rounds", flush=True)
             warm = {v: [] for v in VARIANTS}
             for r in range(args.rounds):

@@ -230,7 +230,9 @@ class CompiledStep:
         return self.forward(**kwargs)
 
 
+@functools.cache
 def _import_inductor() -> None:
+    """Import inductor once per process (each :class:`CompiledStep` and :func:`install_template_cache` ask)."""
     with warnings.catch_warnings():  # torch 2.13's inductor imports its own deprecated torch.jit.script_method
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated",
                                 category=DeprecationWarning)

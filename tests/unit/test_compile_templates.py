@@ -10,7 +10,7 @@ import torch
 from torch._inductor.codegen.common import KernelTemplate
 from torch._inductor.utils import run_and_get_code
 
-from steerkit.compiling import COMPILE_OPTIONS, _compiler_warnings_off, install_template_cache
+from steerkit.compiling import CompiledStep, install_template_cache
 
 
 def test_installed_once_and_one_template_per_source_rendering_as_jinja_does():
@@ -42,14 +42,13 @@ class _Products(torch.nn.Module):
         return self.down(torch.relu(self.up(x)))
 
 
-def _compiled_code(model, x):
+def _compiled_code(step, x):
+    """``step`` (a :class:`CompiledStep`, so compiled with steerkit's options) run once on ``x``, and its code."""
     torch._dynamo.reset()
-    # the graph itself compiled each time (not the FX graph cache's copy), autotuned as steerkit's step is; the second
-    # compilation takes the first one's autotuning choices from the disk cache, whatever this machine's timings
-    options = {**COMPILE_OPTIONS, "fx_graph_cache": False, "autotune_local_cache": True}
-    with (_compiler_warnings_off(), torch._inductor.config.patch(options),
-          torch.no_grad()):
-        out, code = run_and_get_code(torch.compile(model, dynamic=False), x)
+    # the graph itself compiled each time (not the FX graph cache's copy); the second compilation takes the first one's
+    # autotuning choices from the disk cache, whatever this machine's timings
+    with torch._inductor.config.patch({"fx_graph_cache": False, "autotune_local_cache": True}), torch.no_grad():
+        out, code = run_and_get_code(step, ("4 rows",), {"x": x})
     torch._dynamo.reset()
     # what differs between two compilations of one graph in a process: its number, and the constants' addresses
     code = [re.sub(r"(?m)^(\w+ = None  # .*) [0-9a-f]+$", r"\1", re.sub(r"AOT ID: \['\d+_", "AOT ID: ['", c))
@@ -62,13 +61,13 @@ def test_the_cache_changes_no_compiled_code(monkeypatch):
     the templates cached the compiled module's code is the same text, and computes the same numbers."""
     model = _Products().eval()
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(1))
-    install_template_cache()
+    step, step_uncached = CompiledStep(model), CompiledStep(model)  # each installs the cache (once); both compile later
     cached = KernelTemplate._template_from_string
     hits = cached.cache_info().hits
-    out, code = _compiled_code(model, x)
+    out, code = _compiled_code(step, x)
     assert cached.cache_info().hits > hits  # the compilation parsed a template it had parsed before
     monkeypatch.setattr(KernelTemplate, "_template_from_string", staticmethod(cached.__wrapped__))
-    out_uncached, code_uncached = _compiled_code(model, x)
+    out_uncached, code_uncached = _compiled_code(step_uncached, x)
     assert any("cpp_fused" in c or "extern" in c for c in code)  # a real compiled module, not an empty graph
     assert code == code_uncached
     assert torch.equal(out, out_uncached)
