@@ -27,6 +27,8 @@ import weakref
 import torch
 import torch._inductor.config
 
+from .graph_cache import import_inductor as _import_inductor
+from .graph_cache import install_frozen_graph_cache
 from .model_copies import converted_copy
 
 #: inductor settings of the compiled step: weights folded in as constants, every matrix product autotuned
@@ -147,8 +149,11 @@ class CompiledStep:
         self.forward = forward or model.forward
         self.what = what
         self.cuda = next(model.parameters()).device.type == "cuda"
-        # on a CPU the options are read when a shape compiles, which is inside a call: __call__
-        self.options = {} if self.cuda else COMPILE_OPTIONS
+        # on a CPU the options are read when a shape compiles, which is inside a call: __call__; the weights key lets
+        # inductor's FX graph cache keep the frozen graph (steerkit.graph_cache)
+        weights_key = None if self.cuda else install_frozen_graph_cache()
+        self.options = {} if self.cuda else (
+            {**COMPILE_OPTIONS, "post_grad_custom_post_pass": weights_key} if weights_key else COMPILE_OPTIONS)
         self.shapes: set[tuple] = set()
         self.eager_shapes: dict[tuple, int] = {}  # steps run eagerly per shape not compiled (new_shapes_run_eagerly)
         self._compiled: dict[str, object] = {}
@@ -189,8 +194,8 @@ class CompiledStep:
                 return self.fn(**kwargs)
         if getattr(_no_new_shapes, "active", False):
             return self._eagerly(shape, kwargs)
-        # "per process": inductor cannot cache a graph whose weights are packed for oneDNN (a CPU's), only its C++
-        # kernels; every process compiles its shapes again (docs/cli.md, --compile)
+        # once per shape and process: a process that compiled the same weights' shape before loads the lowered graph
+        # from inductor's disk cache (a CPU's too: steerkit.graph_cache), and still traces and freezes it
         print(f"steerkit: compiling {self.what} for {' x '.join(map(str, shape))} (once per shape and process; "
               f"inductor's disk cache: {inductor_cache_dir()})", file=sys.stderr, flush=True)
         start = time.perf_counter()
@@ -228,15 +233,6 @@ class CompiledStep:
                   "run eagerly in this server, no request waits on a compilation", file=sys.stderr, flush=True)
         self.eager_shapes[shape] += 1
         return self.forward(**kwargs)
-
-
-@functools.cache
-def _import_inductor() -> None:
-    """Import inductor once per process (each :class:`CompiledStep` and :func:`install_template_cache` ask)."""
-    with warnings.catch_warnings():  # torch 2.13's inductor imports its own deprecated torch.jit.script_method
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated",
-                                category=DeprecationWarning)
-        import torch._inductor.compile_fx  # noqa: F401
 
 
 def install_template_cache() -> None:

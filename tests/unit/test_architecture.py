@@ -172,7 +172,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "steerkit.errors", "steerkit.seeds", "steerkit.files", "steerkit.threads", "steerkit.validators",
         "steerkit.hf_compat", "steerkit.hookspecs", "steerkit.plugin_conflicts", "steerkit.provenance",
         "steerkit.registry", "steerkit.model_checks", "steerkit.llama_cpp_lib", "steerkit.model_copies",
-        "steerkit.compiling", "steerkit.linear_precision", "steerkit.lazy", "steerkit.limits")),
+        "steerkit.compiling", "steerkit.graph_cache", "steerkit.linear_precision", "steerkit.lazy", "steerkit.limits")),
     ("the step", ("steerkit.engine", "steerkit.engine.step", "steerkit.engine.pruning", "steerkit.engine.text")),
     ("models and rewards", ("steerkit.models", "steerkit.devices", "steerkit.rewards.*")),
     ("the engine core", (
