@@ -1,21 +1,28 @@
-"""Compile time of steerkit's decode step with inductor's kernel templates parsed once per process
-(``steerkit.compiling.install_template_cache``) against parsed on every use (torch's own way), side by side in one run.
+"""Compile time of steerkit's decode step with one of its compile-time savings against without it, side by side in
+one run (``--compare``):
+
+- ``templates``: inductor's kernel templates parsed once per process (``steerkit.compiling.install_template_cache``)
+  against parsed on every use (torch's own way); both without the graph cache below, so that every run lowers the
+  graph;
+- ``graph``: inductor's FX graph cache keeping the frozen step, keyed by its weights (``steerkit.graph_cache``,
+  steerkit's default) against refused, as inductor refuses a graph with oneDNN-packed weights by itself.
 
 Each measurement is a new process running ``steerkit generate "Hello there" -t 8 --compile --greedy --json`` on the
-packaged SmolLM2 (1 row, so one shape: 1 row x 128 tokens), with ``--dtype`` per setup; "torch's way" is the same
-command with ``install_template_cache`` replaced by a no-op before the CLI starts. The seconds are what steerkit's
-"compiled in" line on stderr says. Per setup:
+packaged SmolLM2 (1 row, so one shape: 1 row x 128 tokens), with ``--dtype`` per setup; the variant without the
+saving is the same command with its installer replaced by a no-op before the CLI starts. The seconds are what
+steerkit's "compiled in" line on stderr says. Per setup:
 
 - **cold**: each variant compiles in its own empty inductor cache (nothing on disk: every C++ kernel and autotuning
   candidate compiled and timed);
-- **warm**: ``--rounds`` rounds, alternated with the order reversed each round, in one cache the cold runs filled
-  (the kernels and autotuning choices on disk, as in every process after a machine's first; inductor's FX graph
-  cache cannot keep a step whose frozen weights are packed for oneDNN, so each process lowers its graph again).
+- **warm**: ``--rounds`` rounds, alternated with the order reversed each round, in one cache the first variant's
+  cold run filled (the kernels, autotuning choices and, with the graph cache, the lowered graph on disk, as in every
+  process after a machine's first).
 
-Printed and written as JSON: each run's seconds, the medians, torch's way over the cached way, the load average, and
-whether the two variants' texts are equal (they must be: the same kernels).
+Printed and written as JSON: each run's seconds, the medians, the variant without the saving over the one with it,
+the load average, and whether the two variants' texts are equal (they must be: the same kernels).
 
     python benchmarks/bench_compile_time.py    # ~14 min on 1 thread; JSON: benchmarks/results/bench_compile_time.json
+    python benchmarks/bench_compile_time.py --compare graph --out benchmarks/results/bench_compile_time_graph.json
 """
 
 from __future__ import annotations
@@ -36,23 +43,27 @@ sys.path.insert(0, str(HERE))
 
 from cpu_info import cpu_flags  # noqa: E402
 
-#: what a measurement runs in its process: the CLI, with the template cache off where the first argument says so
+#: what a measurement runs in its process: the CLI, with the savings the first argument names turned off
 RUNNER = """
 import sys
-if sys.argv[1] == "torch":
-    import steerkit.compiling
+import steerkit.compiling
+if "templates" in sys.argv[1]:
     steerkit.compiling.install_template_cache = lambda: None
+if "graph" in sys.argv[1]:
+    steerkit.compiling.install_frozen_graph_cache = lambda: None
 from steerkit.cli import main
 sys.argv = ["steerkit", *sys.argv[2:]]
 sys.exit(main())
 """
 
-VARIANTS = ("cached", "torch")
+#: per comparison: its two variants (with the saving, without it) and the savings each turns off
+COMPARISONS = {"templates": {"cached": "graph", "torch": "templates,graph"},
+               "graph": {"graph-cache": "", "no-graph-cache": "graph"}}
 
 
-def measure(variant: str, dtype: str, cache_dir: str, threads: int) -> dict:
+def measure(variant: str, off: str, dtype: str, cache_dir: str, threads: int) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache_dir}
-    command = [sys.executable, "-c", RUNNER, variant, "--threads", str(threads), "generate", "Hello there", "-t", "8",
+    command = [sys.executable, "-c", RUNNER, off or "-", "--threads", str(threads), "generate", "Hello there", "-t", "8",
                "--compile", "--greedy", "--json", "--dtype", dtype]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, check=False)
     if done.returncode != 0:
@@ -61,12 +72,13 @@ def measure(variant: str, dtype: str, cache_dir: str, threads: int) -> dict:
     if not seconds:
         raise SystemExit(f"{variant} {dtype}: no 'compiled in' line on stderr:\n{done.stderr[-3000:]}")
     texts = [g["text"] for g in json.loads(done.stdout)["generations"]]
-    print(f"  {dtype:9} {variant:6} {sum(seconds):6.1f} s ({len(seconds)} shape(s))", flush=True)
+    print(f"  {dtype:9} {variant:14} {sum(seconds):6.1f} s ({len(seconds)} shape(s))", flush=True)
     return {"variant": variant, "compile_s": sum(seconds), "shapes": len(seconds), "texts": texts}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="templates")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
@@ -74,41 +86,45 @@ def main() -> None:
     args = parser.parse_args()
     from steerkit.files import atomic_write_text
 
+    variants = COMPARISONS[args.compare]
+    with_it, without = tuple(variants)
     load_before = os.getloadavg()
     setups = []
     with tempfile.TemporaryDirectory(prefix="bench-compile-time-") as scratch:
         for dtype in args.dtypes:
             print(f"{dtype}: cold (an empty inductor cache each)", flush=True)
-            cold_dirs = {variant: f"{scratch}/{dtype}-cold-{variant}" for variant in VARIANTS}
-            cold = {variant: measure(variant, dtype, cold_dirs[variant], args.threads) for variant in VARIANTS}
-            warm_dir = cold_dirs["cached"]
+            cold_dirs = {variant: f"{scratch}/{dtype}-cold-{variant}" for variant in variants}
+            cold = {v: measure(v, variants[v], dtype, cold_dirs[v], args.threads) for v in variants}
+            warm_dir = cold_dirs[with_it]
             print(f"{dtype}: warm (the cold cached run's disk cache), {args.rounds} rounds", flush=True)
-            warm = {v: [] for v in VARIANTS}
+            warm = {v: [] for v in variants}
             for r in range(args.rounds):
-                for variant in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
-                    warm[variant].append(measure(variant, dtype, warm_dir, args.threads))
-            runs = [cold[v] for v in VARIANTS] + [m for v in VARIANTS for m in warm[v]]
-            medians = {v: statistics.median(m["compile_s"] for m in warm[v]) for v in VARIANTS}
+                for variant in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+                    warm[variant].append(measure(variant, variants[variant], dtype, warm_dir, args.threads))
+            runs = [cold[v] for v in variants] + [m for v in variants for m in warm[v]]
+            medians = {v: statistics.median(m["compile_s"] for m in warm[v]) for v in variants}
             setups.append({
                 "dtype": dtype,
-                "cold_s": {v: cold[v]["compile_s"] for v in VARIANTS},
-                "cold_torch_over_cached": cold["torch"]["compile_s"] / cold["cached"]["compile_s"],
-                "warm_s": {v: [m["compile_s"] for m in warm[v]] for v in VARIANTS},
+                "cold_s": {v: cold[v]["compile_s"] for v in variants},
+                "cold_without_over_with": cold[without]["compile_s"] / cold[with_it]["compile_s"],
+                "warm_s": {v: [m["compile_s"] for m in warm[v]] for v in variants},
                 "warm_median_s": medians,
-                "warm_torch_over_cached": medians["torch"] / medians["cached"],
+                "warm_without_over_with": medians[without] / medians[with_it],
                 "same_texts": all(m["texts"] == runs[0]["texts"] for m in runs),
                 "texts": runs[0]["texts"],
             })
-    result = {"benchmark": "bench_compile_time", "threads": args.threads, "rounds": args.rounds,
+    result = {"benchmark": "bench_compile_time", "compare": args.compare, "with": with_it, "without": without,
+              "threads": args.threads, "rounds": args.rounds,
               "cpu": platform.processor() or platform.machine(), "cpu_flags": cpu_flags(),
               "load_average_before": load_before, "load_average_after": os.getloadavg(), "setups": setups}
     print()
-    print("| dtype | cold: torch's way / cached (s) | ratio | warm median: torch's way / cached (s) | ratio | same texts |")
+    print(f"| dtype | cold: {without} / {with_it} (s) | ratio | warm median: {without} / {with_it} (s) | ratio | "
+          "same texts |")
     print("|---|---:|---:|---:|---:|---|")
     for s in setups:
-        print(f"| {s['dtype']} | {s['cold_s']['torch']:.1f} / {s['cold_s']['cached']:.1f} | "
-              f"{s['cold_torch_over_cached']:.2f} | {s['warm_median_s']['torch']:.1f} / "
-              f"{s['warm_median_s']['cached']:.1f} | {s['warm_torch_over_cached']:.2f} | {s['same_texts']} |")
+        print(f"| {s['dtype']} | {s['cold_s'][without]:.1f} / {s['cold_s'][with_it]:.1f} | "
+              f"{s['cold_without_over_with']:.2f} | {s['warm_median_s'][without]:.1f} / "
+              f"{s['warm_median_s'][with_it]:.1f} | {s['warm_without_over_with']:.2f} | {s['same_texts']} |")
     atomic_write_text(Path(args.out), json.dumps(result, indent=2) + "\n")
     print(f"\nJSON: {args.out}; load average {load_before[0]:.2f} before, {os.getloadavg()[0]:.2f} after")
 

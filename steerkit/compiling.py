@@ -5,8 +5,9 @@
 On a CPU inductor freezes the weights as constants and autotunes every matrix product between its C++ GEMM template
 and ATen's (MKL) kernel. On CUDA inductor's kernels are captured in one CUDA graph per shape (:class:`_Graph`), which
 a step replays after copying its inputs in: no guard or graph-tree check runs per step (:data:`CUDA_GRAPHS`). Compiled
-kernels and autotuning results are cached on disk (``$TORCHINDUCTOR_CACHE_DIR``, by default
-``<steerkit cache>/inductor``), and a line on stderr says when a shape compiles and how long it took.
+kernels, autotuning results and the lowered graphs (a CPU's keyed by their frozen weights: :mod:`steerkit.graph_cache`)
+are cached on disk (``$TORCHINDUCTOR_CACHE_DIR``, by default ``<steerkit cache>/inductor``), and a line on stderr says
+when a shape compiles and how long it took.
 
 A server's decode loop must not wait on a compilation (a shape takes up to minutes on a CPU): inside
 :func:`new_shapes_run_eagerly` (what the server's loop thread runs in) a step of a shape that has not compiled runs

@@ -38,3 +38,19 @@ def family_lm(family: str, tokenizer, seed: int = 0, layers: int = 3, hidden: in
     else:
         raise ValueError(family)
     return cls(config).eval()
+
+
+class TwoProducts(torch.nn.Module):
+    """Two linear layers (64 -> 128 -> 64) of seeded random weights: the smallest model whose compiled step has
+    matrix products for inductor's C++ GEMM template (tests of steerkit's compile-time caches)."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.up = torch.nn.Linear(64, 128)
+        self.down = torch.nn.Linear(128, 64)
+        for p in self.parameters():
+            p.data = torch.randn(p.shape, generator=generator) * 0.1
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))

@@ -16,8 +16,9 @@ graph per shape that ``torch.compile`` captures once:
 * **The step:** ``model.forward`` compiled with inductor, weights frozen as constants and every matrix product
   autotuned between inductor's own C++ GEMM and the ATen kernel (on this AMD CPU, MKL's single-row product runs at
   half the memory bandwidth; inductor's is near it: docs/performance.md). Compiled once per shape and process; the
-  compiled kernels and autotuning results are cached on disk (``$TORCHINDUCTOR_CACHE_DIR``, by default
-  ``<steerkit cache>/inductor``), and a line on stderr says when a shape compiles and how long it took.
+  compiled kernels, autotuning results and lowered graph are cached on disk (``$TORCHINDUCTOR_CACHE_DIR``, by default
+  ``<steerkit cache>/inductor``; the graph keyed by the weights, :mod:`steerkit.graph_cache`), and a line on stderr
+  says when a shape compiles and how long it took.
 * **Prefill** runs eagerly, as :class:`LMBatch`'s does (a prompt's length varies; the step's does not), and its
   cache is copied into the static tensors.
 

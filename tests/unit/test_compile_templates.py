@@ -10,6 +10,8 @@ import torch
 from torch._inductor.codegen.common import KernelTemplate
 from torch._inductor.utils import run_and_get_code
 
+from tiny import TwoProducts
+
 from steerkit.compiling import CompiledStep, install_template_cache
 
 
@@ -29,19 +31,6 @@ def test_installed_once_and_one_template_per_source_rendering_as_jinja_does():
     assert installed("{{ name }}!") is not first
 
 
-class _Products(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        generator = torch.Generator().manual_seed(0)
-        self.up = torch.nn.Linear(64, 128)
-        self.down = torch.nn.Linear(128, 64)
-        for p in self.parameters():
-            p.data = torch.randn(p.shape, generator=generator) * 0.1
-
-    def forward(self, x):
-        return self.down(torch.relu(self.up(x)))
-
-
 def _compiled_code(step, x):
     """``step`` (a :class:`CompiledStep`, so compiled with steerkit's options) run once on ``x``, and its code."""
     torch._dynamo.reset()
@@ -59,7 +48,7 @@ def _compiled_code(step, x):
 def test_the_cache_changes_no_compiled_code(monkeypatch):
     """Each matrix product renders the C++ GEMM template once per autotuning candidate and for the kernel kept: with
     the templates cached the compiled module's code is the same text, and computes the same numbers."""
-    model = _Products().eval()
+    model = TwoProducts().eval()
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(1))
     step, step_uncached = CompiledStep(model), CompiledStep(model)  # each installs the cache (once); both compile later
     cached = KernelTemplate._template_from_string

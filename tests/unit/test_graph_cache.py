@@ -8,21 +8,10 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from tiny import TwoProducts
+
 from steerkit import graph_cache
 from steerkit.compiling import CompiledStep
-
-
-class _Products(torch.nn.Module):
-    def __init__(self, seed: int):
-        super().__init__()
-        generator = torch.Generator().manual_seed(seed)
-        self.up = torch.nn.Linear(64, 128)
-        self.down = torch.nn.Linear(128, 64)
-        for p in self.parameters():
-            p.data = torch.randn(p.shape, generator=generator) * 0.1
-
-    def forward(self, x):
-        return self.down(torch.relu(self.up(x)))
 
 
 def _compile(model, x):
@@ -43,7 +32,7 @@ def _compile(model, x):
 @pytest.mark.skipif(graph_cache.install_frozen_graph_cache() is None, reason="this torch's inductor lacks the hooks")
 def test_a_frozen_graph_is_cached_per_weights(inductor_cache, monkeypatch):
     x = torch.randn(4, 64, generator=torch.Generator().manual_seed(2))
-    a, b = _Products(0), _Products(1)
+    a, b = TwoProducts(0), TwoProducts(1)
     with torch.no_grad():
         eager_a, eager_b = a(x), b(x)
 
