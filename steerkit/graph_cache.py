@@ -19,6 +19,8 @@ C++ kernels came from disk. Two things stand in the way, and :func:`install_froz
   were before freezing packed them (the packed bytes include uninitialised padding, so they differ between
   processes): :class:`WeightsKey`, inductor's ``post_grad_custom_post_pass`` (a pass that changes nothing; its
   ``uuid`` is part of every FX graph cache key), with the CPU's instruction sets, which choose the packed layout.
+  A compilation whose weights cannot be digested (a tensor subclass, another device) is not cached at all: the
+  pass's ``uuid`` is then None, which makes inductor bypass its cache.
 
 The digest is BLAKE2b over each tensor's bytes, remembered per tensor object and version (SmolLM2's 540 MB in about
 a second, once per model and process). A torch whose inductor lacks one of the functions this wraps compiles as
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import operator
 import threading
 import warnings
 import weakref
@@ -77,12 +80,16 @@ def _cpu_isa() -> str:
 
 def _frozen_sources(aot_gm, params) -> str | None:
     """The digest of what freezing may fold into constants: the graph's parameters and buffers (``params``, real
-    tensors) and the tensors it holds as attributes. None if one of them is not a plain CPU tensor."""
+    tensors) and the tensors it holds as attributes. None (the graph is not cached) if one of them is not a plain CPU
+    tensor or cannot be found."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     h = hashlib.blake2b(digest_size=16)
     with unset_fake_temporarily():
-        attrs = [getattr(aot_gm, n.target, None) for n in aot_gm.graph.find_nodes(op="get_attr")]
+        try:
+            attrs = [operator.attrgetter(n.target)(aot_gm) for n in aot_gm.graph.find_nodes(op="get_attr")]
+        except AttributeError:
+            return None
         for t in [*params, *attrs]:
             if t is None or not isinstance(t, torch.Tensor):
                 h.update(b"-")
@@ -103,9 +110,11 @@ def _custom_graph_pass():
         def __call__(self, graph) -> None:
             return None
 
-        def uuid(self) -> str:
+        def uuid(self) -> str | None:
+            # None: inductor bypasses its cache for the graph ("Unsupported post grad custom pass"), as for a
+            # compilation whose weights could not be digested
             weights = getattr(_state, "weights", None)
-            return f"steerkit-weights {weights}"
+            return f"steerkit-weights {weights}" if weights else None
 
     return WeightsKey()
 

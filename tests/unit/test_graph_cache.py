@@ -48,6 +48,13 @@ def test_a_frozen_graph_is_cached_per_weights(inductor_cache, monkeypatch):
     assert fx == {"fxgraph_cache_hit": 1}
     assert torch.equal(again, first)
 
+    # weights it cannot digest (a tensor subclass, another device): the graph is not cached at all
+    with monkeypatch.context() as patched:
+        patched.setattr(graph_cache, "_frozen_sources", lambda gm, params: None)
+        uncached, fx, _ = _compile(b, x)
+    assert fx == {"fxgraph_cache_bypass": 1}
+    torch.testing.assert_close(uncached, eager_b, rtol=1e-5, atol=1e-5)
+
     # what the weights' digest prevents: keyed alike, b gets a's entry, and runs a's repacked weights with its own
     # frozen parameters (taken from b's graph)
     monkeypatch.setattr(graph_cache, "_frozen_sources", lambda gm, params: "one key for every model")
