@@ -146,8 +146,8 @@ def install_frozen_graph_cache():
         return check_tensor(t)
 
     def keyed_metadata(t):
-        if t.is_mkldnn and keyed():
-            return ("frozen mkldnn", tuple(t.shape), t.dtype)
+        if t.is_mkldnn and keyed():  # an opaque tensor has no strides: keyed as a meta tensor of its shape and dtype
+            return metadata(torch.empty(tuple(t.shape), dtype=t.dtype, device="meta"))
         return metadata(t)
 
     @functools.wraps(freeze)
