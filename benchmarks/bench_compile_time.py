@@ -96,10 +96,10 @@ def main() -> None:
             cold_dirs = {variant: f"{scratch}/{dtype}-cold-{variant}" for variant in variants}
             cold = {v: measure(v, variants[v], dtype, cold_dirs[v], args.threads) for v in variants}
             warm_dir = cold_dirs[with_it]
-            print(f"{dtype}: warm (the cold cached run's disk cache), {args.rounds} rounds", flush=True)
+            print(f"{dtype}: warm ({with_it}'s cold run's disk cache), {args.rounds} rounds", flush=True)
             warm = {v: [] for v in variants}
             for r in range(args.rounds):
-                for variant in (list(variants) if r % 2 == 0 else list(variants)[::-1]):
+                for variant in ((with_it, without) if r % 2 == 0 else (without, with_it)):
                     warm[variant].append(measure(variant, variants[variant], dtype, warm_dir, args.threads))
             runs = [cold[v] for v in variants] + [m for v in variants for m in warm[v]]
             medians = {v: statistics.median(m["compile_s"] for m in warm[v]) for v in variants}

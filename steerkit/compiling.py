@@ -28,8 +28,7 @@ import weakref
 import torch
 import torch._inductor.config
 
-from .graph_cache import import_inductor as _import_inductor
-from .graph_cache import install_frozen_graph_cache
+from .graph_cache import import_inductor, install_frozen_graph_cache
 from .model_copies import converted_copy
 
 #: inductor settings of the compiled step: weights folded in as constants, every matrix product autotuned
@@ -142,7 +141,7 @@ class CompiledStep:
     (:class:`~steerkit.rewards.sequence.static_cache.StaticScoringCache`) both run through it."""
 
     def __init__(self, model, forward=None, *, what: str = "the decode step"):
-        _import_inductor()
+        import_inductor()
         inductor_cache_dir()
         _raise_recompile_limit()
         install_gqa_attention()
@@ -152,9 +151,11 @@ class CompiledStep:
         self.cuda = next(model.parameters()).device.type == "cuda"
         # on a CPU the options are read when a shape compiles, which is inside a call: __call__; the weights key lets
         # inductor's FX graph cache keep the frozen graph (steerkit.graph_cache)
-        weights_key = None if self.cuda else install_frozen_graph_cache()
-        self.options = {} if self.cuda else (
-            {**COMPILE_OPTIONS, "post_grad_custom_post_pass": weights_key} if weights_key else COMPILE_OPTIONS)
+        self.options = {}
+        if not self.cuda:
+            weights_key = install_frozen_graph_cache()
+            self.options = ({**COMPILE_OPTIONS, "post_grad_custom_post_pass": weights_key} if weights_key
+                            else COMPILE_OPTIONS)
         self.shapes: set[tuple] = set()
         self.eager_shapes: dict[tuple, int] = {}  # steps run eagerly per shape not compiled (new_shapes_run_eagerly)
         self._compiled: dict[str, object] = {}
@@ -245,7 +246,7 @@ def install_template_cache() -> None:
     the disk cache (67.5 against 84.6 s from an empty cache; ``benchmarks/bench_compile_time.py``,
     docs/performance.md). Installed once per process, when the first :class:`CompiledStep` is made; a torch without
     the function compiles as before."""
-    _import_inductor()
+    import_inductor()
     from torch._inductor.codegen import common
 
     template_class = getattr(common, "KernelTemplate", None)

@@ -24,7 +24,7 @@ C++ kernels came from disk. Two things stand in the way, and :func:`install_froz
 
 The digest is BLAKE2b over each tensor's bytes, remembered per tensor object and version (SmolLM2's 540 MB in about
 a second, once per model and process). A torch whose inductor lacks one of the functions this wraps compiles as
-before, without the graph cache (:func:`install_frozen_graph_cache` returns False). Measured on SmolLM2's float32 step
+before, without the graph cache (:func:`install_frozen_graph_cache` returns None). Measured on SmolLM2's float32 step
 (docs/performance.md, "A compiled step from inductor's graph cache").
 """
 
